@@ -1,0 +1,11 @@
+# The README's two commands.
+.PHONY: setup demo test
+
+setup:
+	@bash scripts/setup.sh
+
+demo: setup
+	.venv/bin/python -m ula.showcase
+
+test: setup
+	.venv/bin/python -m pytest -q tests

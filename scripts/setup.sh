@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Set-up on a fresh machine: a local virtual environment with what ula needs, then ula itself (editable).
+# torch comes from the CPU wheel (torch==2.13.0) when none is importable; triton==3.6.0 runs the kernels'
+# tests through its interpreter on machines without a GPU.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+if [ ! -x .venv/bin/python ]; then
+  echo "[setup] creating .venv"
+  "$PY" -m venv .venv
+fi
+VPY=.venv/bin/python
+pipi() { "$VPY" -m pip install -q --disable-pip-version-check "$@"; }
+if ! "$VPY" -c "import torch" 2>/dev/null; then
+  echo "[setup] installing torch==2.13.0 (CPU wheel)"
+  pipi torch==2.13.0
+fi
+if ! "$VPY" -c "import triton" 2>/dev/null; then
+  echo "[setup] installing triton==3.6.0 (for the interpreter tests)"
+  pipi triton==3.6.0
+fi
+missing=$("$VPY" - <<'PYEOF'
+import importlib.util as u
+need = {"numpy": "numpy", "tqdm": "tqdm", "pytest": "pytest", "hypothesis": "hypothesis",
+        "matplotlib": "matplotlib", "safetensors": "safetensors"}
+print(" ".join(p for m, p in need.items() if u.find_spec(m) is None))
+PYEOF
+)
+if [ -n "$missing" ]; then
+  echo "[setup] installing $missing"
+  pipi $missing
+fi
+if ! "$VPY" -c "import ula" 2>/dev/null; then
+  echo "[setup] installing ula (editable)"
+  pipi --no-deps --no-build-isolation -e . 2>/dev/null || pipi --no-deps -e .
+fi

@@ -1,0 +1,68 @@
+"""Shared test helpers: fresh random inputs and comparison against autograd through the float64 reference."""
+import os
+
+import torch
+import torch.nn.functional as F
+
+from ula.core.reference import reference_linear_attention
+
+KINDS = ("none", "constant", "scalar", "vector")
+
+
+def fresh_seed():
+    """A new seed every run (inputs must be fresh), reported in failure messages to replay a case."""
+    seed = int.from_bytes(os.urandom(4), "little")
+    torch.manual_seed(seed)
+    return seed
+
+
+def log_decay(shape, device="cpu", dtype=torch.float32, strength=3.0):
+    """log of a decay in (0, 1): logsigmoid of N(strength, 1), float32 as the API wants it."""
+    return F.logsigmoid(torch.randn(shape, device=device, dtype=torch.float64) + strength).to(dtype)
+
+
+def make_inputs(kind, right, B, T, H, K, V, *, h0=True, N=None, dtype=torch.float32, device="cpu"):
+    """q, k, v, ld, rd, initial_state (N states with varlen)."""
+    q = torch.randn(B, T, H, K, dtype=dtype, device=device)
+    k = torch.randn(B, T, H, K, dtype=dtype, device=device)
+    v = torch.randn(B, T, H, V, dtype=dtype, device=device)
+    ddt = torch.float64 if dtype == torch.float64 else torch.float32
+    ld = {"none": None, "constant": log_decay((H,), device, ddt, 2.0), "scalar": log_decay((B, T, H), device, ddt),
+          "vector": log_decay((B, T, H, K), device, ddt)}[kind]
+    rd = log_decay((B, T, H, V), device, ddt) if right else None
+    s0 = torch.randn(N or B, H, K, V, dtype=ddt, device=device) if h0 else None
+    return q, k, v, ld, rd, s0
+
+
+def rel(x, ref):
+    x, ref = x.detach().double().cpu(), ref.detach().double().cpu()
+    assert torch.isfinite(x).all(), "non-finite values (an unwritten or overflowed element)"
+    return ((x - ref).norm() / ref.norm().clamp_min(1e-30)).item()
+
+
+def compare_with_reference(fn, inputs, *, final=True, **kw):
+    """Run `fn` (an op with the signature of ula.linear_attention) and the float64 reference on the same
+    inputs and the same random output gradients; return {name: relative error} for o, the final state
+    and the gradient of every input."""
+    names = ("q", "k", "v", "ld", "rd", "initial_state")
+    ours = [None if x is None else x.detach().clone().requires_grad_() for x in inputs]
+    refs = [None if x is None else x.detach().double().cpu().requires_grad_() for x in inputs]
+    o_ref, S_ref = reference_linear_attention(*refs[:5], initial_state=refs[5], output_final_state=final, **kw)
+    do = torch.randn_like(o_ref)
+    loss_ref = (o_ref * do).sum()
+    o, S = fn(*ours[:5], initial_state=ours[5], output_final_state=final, **kw)
+    loss = (o.double().cpu() * do).sum()
+    if final:
+        dS = torch.randn_like(S_ref)
+        loss_ref = loss_ref + (S_ref * dS).sum()
+        loss = loss + (S.double().cpu() * dS).sum()
+    loss_ref.backward()
+    loss.backward()
+    errs = {"o": rel(o, o_ref)}
+    if final:
+        errs["final_state"] = rel(S, S_ref)
+    for name, a, b in zip(names, ours, refs):
+        if a is not None:
+            assert a.grad is not None, f"no gradient for {name}"
+            errs["d" + name] = rel(a.grad, b.grad)
+    return errs

@@ -1,0 +1,5 @@
+"""The primitive: reference recurrence, chunk paths, autograd wiring, input checks."""
+from .api import linear_attention
+from .reference import reference_linear_attention
+
+__all__ = ["linear_attention", "reference_linear_attention"]

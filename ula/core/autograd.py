@@ -1,0 +1,69 @@
+"""Autograd wiring of DESIGN §2: the backward calls the same chunk function F with roles swapped.
+
+    O  = F(Q,  K,  V,  L, R, rev)            dQ = F(dO, V,  K, R, L, rev)   (initial state S0ᵀ)
+    dK = F(V,  dO, Q,  R, L, not rev)        dV = F(K,  Q, dO, L, R, not rev)  (enters with dS_T)
+The last call's final state is the gradient of the initial state. dO is pre-multiplied by `scale`.
+Decay gradients come in closed form (decay_grad.py).
+"""
+import torch
+
+from .decay_grad import border_products, chunk_layout, log_decay_grad
+
+
+def canonical_left(ld, T):
+    """[H] / [B, T, H] / [B, T, H, K] log decay -> broadcastable [B|1, T, H, K|1] (views, no copies)."""
+    if ld is None or ld.dim() == 4:
+        return ld
+    if ld.dim() == 1:
+        return ld.view(1, 1, -1, 1).expand(1, T, ld.shape[0], 1)
+    return ld.unsqueeze(-1)
+
+
+def _t(x):
+    return None if x is None else x.transpose(-1, -2)
+
+
+class LinearAttentionFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, ld, rd, h0, scale, cu_seqlens, reverse, chunk_size, output_final_state, F):
+        T = q.shape[1]
+        o, S, _ = F(q, k, v, canonical_left(ld, T), rd, scale=scale, initial_state=h0, cu_seqlens=cu_seqlens,
+                 reverse=reverse, chunk_size=chunk_size)
+        ctx.cfg = (scale, cu_seqlens, reverse, chunk_size, F)
+        ctx.save_for_backward(q, k, v, ld, rd, h0, o if rd is not None else None)
+        return o.to(v.dtype), (S.to(h0.dtype if h0 is not None else torch.float32) if output_final_state else None)
+
+    @staticmethod
+    def backward(ctx, do, dS):
+        q, k, v, ld, rd, h0, o = ctx.saved_tensors
+        scale, cu, rev, C, F = ctx.cfg
+        T = q.shape[1]
+        gl = canonical_left(ld, T)
+        dt = torch.float64 if q.dtype == torch.float64 else torch.float32
+        dos = do.to(dt) * scale
+        if (ld is not None and ctx.needs_input_grad[3]) or (rd is not None and ctx.needs_input_grad[4]):
+            # decay gradients sum q dq - k dk inside each chunk, and float32 loses digits in proportion
+            # to the chunk length: a backend may ask for shorter chunks here (any length gives the same math)
+            C = min(C, getattr(F, "decay_grad_chunk", C))
+        kw = dict(scale=1.0, cu_seqlens=cu, chunk_size=C)
+        # a constant decay's gradient is one sum over all B*T steps of q dq - k dk, terms that cancel: a
+        # backend may ask for those two passes in float64 (the PyTorch path does; float32 loses ~1e-5 there)
+        wide = getattr(F, "constant_decay_grad_dtype", None) if (ld is not None and ld.dim() == 1
+                                                                and ctx.needs_input_grad[3]) else None
+        w = (lambda x: None if x is None else x.to(wide)) if wide is not None else (lambda x: x)  # noqa: E731
+        dq, _, A_q = F(w(dos), w(v), w(k), rd, gl, initial_state=w(_t(h0)), reverse=rev, **kw)
+        dk, _, _ = F(w(v), w(dos), w(q), rd, gl, initial_state=w(_t(dS)), reverse=not rev, **kw)
+        dv, dh0, A_v = F(k, q, dos, gl, rd, initial_state=dS, reverse=not rev, **kw)
+        dld = drd = None
+        if (ld is not None and ctx.needs_input_grad[3]) or (rd is not None and ctx.needs_input_grad[4]):
+            # the dQ pass carries the forward states (transposed), the dV pass their gradients
+            A, A_rev = (A_v, _t(A_q)) if rev else (_t(A_q), A_v)
+            layout = chunk_layout(T, C, cu, q.device)
+            M = border_products(A, A_rev, gl, rd, layout)
+            sign = -1.0 if rev else 1.0
+            if ld is not None and ctx.needs_input_grad[3]:
+                dld = log_decay_grad(q, dq, k, dk, sign, M.sum(-1), layout, ld.shape).to(ld.dtype)
+            if rd is not None and ctx.needs_input_grad[4]:
+                drd = log_decay_grad(o, do, v, dv, sign, M.sum(-2), layout, rd.shape).to(rd.dtype)
+        dh0 = dh0.to(h0.dtype) if h0 is not None else None
+        return (dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), dld, drd, dh0) + (None,) * 6

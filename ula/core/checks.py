@@ -1,0 +1,90 @@
+"""Input checks for the public ops: every error names the argument, what it got and what it needs."""
+import math
+
+import torch
+
+FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+BACKENDS = ("auto", "torch", "triton", "reference")
+
+
+def _desc(x):
+    return f"shape {tuple(x.shape)}, dtype {x.dtype}, device {x.device}"
+
+
+def _tensor(name, x):
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+
+
+def check_linear_attention(q, k, v, ld, rd, scale, initial_state, cu_seqlens, chunk_size, backend):
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        _tensor(name, x)
+        if x.dim() != 4:
+            raise ValueError(f"{name} must have 4 dims [B, T, H, D], got {_desc(x)}")
+        if x.dtype not in FLOATS:
+            raise TypeError(f"{name} must be float16, bfloat16, float32 or float64, got {x.dtype}")
+    if k.shape != q.shape:
+        raise ValueError(f"k must have the shape of q {tuple(q.shape)} ([B, T, H, K]), got {tuple(k.shape)}")
+    if v.shape[:3] != q.shape[:3]:
+        raise ValueError(f"v must be [B, T, H, V] with B, T, H of q {tuple(q.shape[:3])}, got {tuple(v.shape)}")
+    for name, x in (("k", k), ("v", v)):
+        if x.dtype != q.dtype:
+            raise TypeError(f"{name} must have the dtype of q ({q.dtype}), got {x.dtype}")
+        if x.device != q.device:
+            raise ValueError(f"{name} must be on the device of q ({q.device}), got {x.device}")
+    B, T, H, K = q.shape
+    V = v.shape[-1]
+    if T == 0 or K == 0 or V == 0 or H == 0 or B == 0:
+        raise ValueError(f"q, k, v need B, T, H, K, V >= 1, got q {tuple(q.shape)} and v {tuple(v.shape)}")
+    _check_decay("ld", ld, q, [(H,), (B, T, H), (B, T, H, K)], "None, [H] (constant), [B, T, H] (scalar) or [B, T, H, K] (vector)")
+    _check_decay("rd", rd, q, [(B, T, H, V)], "None or [B, T, H, V]")
+    if scale is not None and (isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(scale)):
+        raise TypeError(f"scale must be a finite number or None (None means K ** -0.5), got {scale!r}")
+    N = B
+    if cu_seqlens is not None:
+        _tensor("cu_seqlens", cu_seqlens)
+        if cu_seqlens.dtype not in (torch.int32, torch.int64):
+            raise TypeError(f"cu_seqlens must be an int32 or int64 tensor, got {cu_seqlens.dtype}")
+        if cu_seqlens.dim() != 1 or cu_seqlens.numel() < 2:
+            raise ValueError(f"cu_seqlens must be 1-D [N + 1] with N >= 1 sequences, got shape {tuple(cu_seqlens.shape)}")
+        if B != 1:
+            raise ValueError(f"cu_seqlens needs the sequences packed along T with B == 1, got B = {B}")
+        c = cu_seqlens.tolist()
+        if c[0] != 0 or c[-1] != T:
+            raise ValueError(f"cu_seqlens must start at 0 and end at T = {T}, got {c[0]} ... {c[-1]}")
+        if any(b <= a for a, b in zip(c, c[1:])):
+            raise ValueError(f"cu_seqlens must be strictly increasing (no empty sequences), got {c}")
+        N = len(c) - 1
+    if initial_state is not None:
+        _tensor("initial_state", initial_state)
+        if tuple(initial_state.shape) != (N, H, K, V):
+            what = "[N, H, K, V] (N sequences of cu_seqlens)" if cu_seqlens is not None else "[B, H, K, V]"
+            raise ValueError(f"initial_state must be {what} = {(N, H, K, V)}, got {tuple(initial_state.shape)}")
+        allowed = (torch.float32, torch.float64) if q.dtype == torch.float64 else (torch.float32,)
+        if initial_state.dtype not in allowed:
+            raise TypeError(f"initial_state must be float32 (states are kept in float32), got {initial_state.dtype}")
+        if initial_state.device != q.device:
+            raise ValueError(f"initial_state must be on the device of q ({q.device}), got {initial_state.device}")
+    if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 16 or chunk_size > 1024 \
+            or chunk_size & (chunk_size - 1):
+        raise ValueError(f"chunk_size must be a power of two from 16 to 1024, got {chunk_size!r}")
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+
+
+def _check_decay(name, g, q, shapes, what):
+    if g is None:
+        return
+    _tensor(name, g)
+    if tuple(g.shape) not in shapes:
+        raise ValueError(f"{name} must be {what} = one of {shapes}, got {tuple(g.shape)}")
+    allowed = (torch.float32, torch.float64)
+    if g.dtype not in allowed:
+        raise TypeError(f"{name} (log decay) must be float32 or float64 so cumulative sums keep their precision, got {g.dtype}")
+    if g.device != q.device:
+        raise ValueError(f"{name} must be on the device of q ({q.device}), got {g.device}")
+    bad = ~(torch.isfinite(g) & (g <= 0))
+    if bool(bad.any()):
+        idx = tuple(bad.nonzero()[0].tolist())
+        raise ValueError(f"{name} is a log decay and must be finite and <= 0 (decay in (0, 1]); "
+                         f"got {g[idx].item()} at index {idx}")

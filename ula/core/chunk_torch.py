@@ -1,0 +1,184 @@
+"""The chunked recurrence F of DESIGN §2 in plain PyTorch (paper 000, Alg. 4-7), for any device.
+
+`chunk_recurrence` is the one function that the forward and every backward pass call. Decays are log
+decays; all exponents it takes are differences `b_i - b_j` with i later than j (so never positive): no
+division by a cumulative product, nothing that overflows, stable down to -1e4 per step.
+Intra-chunk work is batched over all chunks; only the state scan walks the chunks in order.
+"""
+import torch
+
+SUB = 16  # sub-chunk of the secondary chunking (paper 002 §4.3) used when a decay is per feature
+
+
+def _cumsum_chunks(g, n, C):
+    """[B, H, n*C, D] log decay -> inclusive cumulative sum inside each chunk, [B, H, n, C, D]."""
+    return g.reshape(*g.shape[:2], n, C, g.shape[-1]).cumsum(-2)
+
+
+def _masked_exp(x, mask):
+    """exp(x) where mask, else 0; x is masked before exp so positive exponents never form."""
+    return torch.where(mask, x, torch.full((), float("-inf"), dtype=x.dtype, device=x.device)).exp()
+
+
+def _intra_scalar(q, k, v, b):
+    """Intra-chunk output when the decay is the same for every feature (or absent).
+    q, k [.., C, K], v [.., C, V], b [.., C, 1] or None."""
+    A = q @ k.transpose(-1, -2)
+    C = q.shape[-2]
+    causal = torch.ones(C, C, dtype=torch.bool, device=q.device).tril()
+    if b is None:
+        A = A.masked_fill(~causal, 0)
+    else:
+        A = A * _masked_exp(b - b.transpose(-1, -2), causal)
+    return A @ v
+
+
+def _intra_vector(q, k, v, b, c):
+    """Intra-chunk output with a per-feature left decay b [.., C, K|1] and/or right decay c [.., C, V].
+
+    Secondary chunking: the chunk is cut into sub-chunks of SUB steps. Between sub-chunks the decay is
+    split at the step before sub-chunk I starts (reference r), exp(b_i - b_j) = exp(b_i - b_r) exp(b_r - b_j),
+    both factors at most 1, so the pair is a matmul. Inside a sub-chunk the decays are applied per element."""
+    C = q.shape[-2]
+    s = min(SUB, C)
+    S = C // s
+    dev = q.device
+    zero_b = torch.zeros_like(b[..., :1, :]) if b is not None else None
+    zero_c = torch.zeros_like(c[..., :1, :]) if c is not None else None
+    o = torch.zeros(*q.shape[:-1], v.shape[-1], dtype=q.dtype, device=dev)
+    j_idx = torch.arange(C, device=dev)
+    tri = torch.ones(s, s, dtype=torch.bool, device=dev).tril()
+    for I in range(S):
+        lo, hi = I * s, (I + 1) * s
+        qI = q[..., lo:hi, :]
+        bI = b[..., lo:hi, :] if b is not None else None
+        cI = c[..., lo:hi, :] if c is not None else None
+        # inter-sub-chunk part: all j before this sub-chunk, reference r = lo - 1
+        if I > 0:
+            before = (j_idx < lo).unsqueeze(-1)
+            kf, vf, qf = k[..., :lo, :], v[..., :lo, :], qI
+            if b is not None:
+                br = b[..., lo - 1:lo, :]
+                kf = kf * _masked_exp(br - b[..., :lo, :], before[:lo])
+                qf = qf * (bI - br).exp()
+            if c is not None:
+                cr = c[..., lo - 1:lo, :]
+                vf = vf * _masked_exp(cr - c[..., :lo, :], before[:lo])
+            part = (qf @ kf.transpose(-1, -2)) @ vf
+            o[..., lo:hi, :] += part * (cI - cr).exp() if c is not None else part
+        # intra-sub-chunk part: per-element decays, [.., s, s, D]
+        kI = k[..., lo:hi, :]
+        if b is not None:
+            D = _masked_exp(bI.unsqueeze(-2) - bI.unsqueeze(-3), tri.unsqueeze(-1))
+            A = (qI.unsqueeze(-2) * kI.unsqueeze(-3) * D).sum(-1)
+        else:
+            A = (qI @ kI.transpose(-1, -2)).masked_fill(~tri, 0)
+        vI = v[..., lo:hi, :]
+        if c is not None:
+            E = _masked_exp(cI.unsqueeze(-2) - cI.unsqueeze(-3), tri.unsqueeze(-1))
+            o[..., lo:hi, :] += (A.unsqueeze(-1) * vI.unsqueeze(-3) * E).sum(-2)
+        else:
+            o[..., lo:hi, :] += A @ vI
+    return o
+
+
+def _chunk_one(q, k, v, gl, gr, scale, h0, C, pad_front=False):
+    """Forward chunked recurrence. q, k [B, H, T, K]; v [B, H, T, V]; gl [B|1, H, T, K|1] or None;
+    gr [B, H, T, V] or None; h0 [B, H, K, V] or None. Returns o [B, H, T, V], the final state
+    [B, H, K, V] and the states entering each chunk [B, H, n, K, V]. Padding to whole chunks goes at the
+    end, or at the front with pad_front (so a reversed sequence keeps the chunk borders of the original)."""
+    B, H, T, K = q.shape
+    V = v.shape[-1]
+    n = -(-T // C)
+    pad = n * C - T
+    if pad:  # zero keys add nothing to the state, zero log decay keeps it
+        where = (0, 0, pad, 0) if pad_front else (0, 0, 0, pad)
+        q, k, v = (torch.nn.functional.pad(x, where) for x in (q, k, v))
+        gl = torch.nn.functional.pad(gl, where) if gl is not None else None
+        gr = torch.nn.functional.pad(gr, where) if gr is not None else None
+    q, k, v = (x.reshape(B, H, n, C, x.shape[-1]) for x in (q, k, v))
+    b = _cumsum_chunks(gl, n, C) if gl is not None else None
+    c = _cumsum_chunks(gr, n, C) if gr is not None else None
+
+    # chunk contributions to the state: (k decayed to chunk end)ᵀ (v decayed to chunk end)
+    kd = k * (b[..., -1:, :] - b).exp() if b is not None else k
+    vd = v * (c[..., -1:, :] - c).exp() if c is not None else v
+    states = kd.transpose(-1, -2) @ vd  # [B, H, n, K, V], overwritten below with the entering states
+    S = torch.zeros(B, H, K, V, dtype=q.dtype, device=q.device) if h0 is None else h0.to(q.dtype)
+    for i in range(n):
+        contrib = states[:, :, i].clone()
+        states[:, :, i] = S
+        if b is not None:
+            S = S * b[:, :, i, -1, :].exp().unsqueeze(-1)
+        if c is not None:
+            S = S * c[:, :, i, -1, :].exp().unsqueeze(-2)
+        S = S + contrib
+
+    # inter-chunk part through the entering states, then the intra-chunk part
+    o = (q * b.exp() if b is not None else q) @ states
+    if c is not None:
+        o = o * c.exp()
+    vector = (b is not None and b.shape[-1] > 1) or c is not None
+    o = o + (_intra_vector(q, k, v, b, c) if vector else _intra_scalar(q, k, v, b))
+    o = (o * scale).reshape(B, H, n * C, V)
+    o = o[:, :, pad:] if pad_front else o[:, :, :T]
+    return o, S, states
+
+
+def _shift_flip(g):
+    """Reverse time for the reverse recurrence: step t must use the decay of t+1 (0 past the end)."""
+    if g is None:
+        return None
+    return torch.nn.functional.pad(g[:, :, 1:], (0, 0, 0, 1)).flip(2)
+
+
+def _run(q, k, v, gl, gr, scale, h0, C, reverse):
+    """One sequence (or a batch of equal ones). Returns o, final state and the border states: going
+    forward the state after each chunk, in reverse the state that enters each chunk from its right end."""
+    if not reverse:
+        o, S, entering = _chunk_one(q, k, v, gl, gr, scale, h0, C)
+        return o, S, torch.cat([entering[:, :, 1:], S.unsqueeze(2)], 2)
+    o, S, entering = _chunk_one(q.flip(2), k.flip(2), v.flip(2), _shift_flip(gl), _shift_flip(gr), scale, h0, C,
+                                pad_front=True)
+    if gl is not None:  # the state leaves through step 1, which decays it once more
+        S = S * gl[:, :, 0].exp().unsqueeze(-1)
+    if gr is not None:
+        S = S * gr[:, :, 0].exp().unsqueeze(-2)
+    return o.flip(2), S, entering.flip(2)
+
+
+def chunk_recurrence(q, k, v, gl=None, gr=None, *, scale=1.0, initial_state=None, cu_seqlens=None,
+                     reverse=False, chunk_size=64):
+    """F(q, k, v, L, R, reverse) of DESIGN §2 in [B, T, H, D] layout.
+
+    gl: left log decay in canonical form, None or [B|1, T, H, K|1] (a scalar decay as a trailing 1);
+    gr: right log decay, None or [B, T, H, V] (or [.., 1], then moved to the left). Chunks start at each
+    sequence's first step. Math in float32 (float64 for float64 inputs).
+    Returns o [B, T, H, V], the final state [B|N, H, K, V] and the border states [B, H, n, K, V] (chunks of
+    all sequences one after another with cu_seqlens): see `_run`."""
+    if gr is not None and gr.shape[-1] == 1:  # a scalar decay commutes: carry it on the left
+        gl, gr = (gr if gl is None else gl + gr), None
+    dt = torch.float64 if q.dtype == torch.float64 else torch.float32
+    tr = lambda x: None if x is None else x.to(dt).transpose(1, 2)  # noqa: E731  [B, H, T, D]
+    q, k, v, gl, gr = (tr(x) for x in (q, k, v, gl, gr))
+    h0 = None if initial_state is None else initial_state.to(dt)
+    if cu_seqlens is None:
+        o, S, border = _run(q, k, v, gl, gr, scale, h0, chunk_size, reverse)
+        return o.transpose(1, 2), S, border
+    bounds = cu_seqlens.tolist()
+    outs, finals, borders = [], [], []
+    for n in range(len(bounds) - 1):
+        s, e = bounds[n], bounds[n + 1]
+        sl = lambda x: None if x is None else x[:, :, s:e]  # noqa: E731
+        o, S, border = _run(sl(q), sl(k), sl(v), sl(gl), sl(gr), scale, None if h0 is None else h0[n:n + 1],
+                            chunk_size, reverse)
+        outs.append(o)
+        finals.append(S)
+        borders.append(border)
+    return torch.cat(outs, 2).transpose(1, 2), torch.cat(finals, 0), torch.cat(borders, 2)
+
+
+# Accuracy of the decay gradients (see autograd.py): backward passes in chunks of at most 16 steps when
+# decay gradients are needed, and the dQ, dK passes in float64 when a constant decay needs its gradient.
+chunk_recurrence.decay_grad_chunk = 16
+chunk_recurrence.constant_decay_grad_dtype = torch.float64

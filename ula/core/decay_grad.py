@@ -1,0 +1,59 @@
+"""Closed-form gradients of the log decays (DESIGN §2, paper 002 §4.3), chunk-local for accuracy.
+
+With b the cumulative left log decay, the loss depends on b only through q e^{±b} and k e^{∓b}:
+    db_t = ±(q_t ⊙ dq_t − k_t ⊙ dk_t)      (+ forward, − reverse),   d ld_u = Σ_{t ≥ u} db_t.
+Summed over the whole sequence that reverse cumsum cancels terms that grow with position, and float32
+loses digits in proportion to T. So it is summed only inside u's chunk, and every pair of steps that
+crosses the chunk's right border is added at once from the two states that meet there:
+    X_n = Σ_v  A_n ⊙ e^{ld_next} ⊙ Ã_n ⊙ e^{rd_next}
+A_n: state of the forward-running recurrence after chunk n, Ã_n: state of the reverse-running one
+entering chunk n from the right, ld_next / rd_next: decay of the step after the chunk (0 at the end of a
+sequence, where A and Ã are the final state and its gradient, or the gradient of the initial state and
+the initial state). The right decay is the same with (o, do, v, dv) and the sum over K.
+"""
+import torch
+
+
+def chunk_layout(T, C, cu_seqlens, device):
+    """Chunks start at each sequence's first step. Returns (ends, inner): exclusive end of every chunk
+    [n], and whether a chunk of the same sequence follows it [n]."""
+    starts = [0, T] if cu_seqlens is None else cu_seqlens.tolist()
+    ends, inner = [], []
+    for s, e in zip(starts, starts[1:]):
+        for c0 in range(s, e, C):
+            ends.append(min(c0 + C, e))
+            inner.append(c0 + C < e)
+    return torch.tensor(ends, device=device), torch.tensor(inner, device=device)
+
+
+def border_products(A, A_rev, gl, gr, layout):
+    """A ⊙ Ã with the decay of the step after each chunk, [B, H, n, K, V] (float64)."""
+    ends, inner = layout
+    nxt = torch.where(inner, ends, torch.zeros_like(ends))
+    M = A.double() * A_rev.double()
+    if gl is not None:  # [B|1, T, H, K|1] -> [B|1, H, n, K|1, 1]
+        M = M * (gl[:, nxt].double() * inner.view(1, -1, 1, 1)).exp().transpose(1, 2).unsqueeze(-1)
+    if gr is not None:
+        M = M * (gr[:, nxt].double() * inner.view(1, -1, 1, 1)).exp().transpose(1, 2).unsqueeze(-2)
+    return M
+
+
+def log_decay_grad(a, da, x, dx, sign, X, layout, shape):
+    """Gradient of a log decay on the side of `a` (query) and `x` (key).
+
+    a, da, x, dx: [B, T, H, D]; X: border sums [B, H, n, D]; shape: the decay's own shape
+    ([H], [B, T, H] or [B, T, H, D])."""
+    ends, _ = layout
+    db = sign * (a.double() * da.double() - x.double() * dx.double())
+    db[:, ends - 1] += X.transpose(1, 2)
+    # reverse cumsum restarting at every chunk: global reverse cumsum (float64) minus its value past the chunk
+    r = db.flip(1).cumsum(1).flip(1)
+    r = torch.cat([r, torch.zeros_like(r[:, :1])], 1)
+    T = db.shape[1]
+    chunk_of = torch.searchsorted(ends, torch.arange(T, device=db.device), right=True)
+    d = r[:, :T] - r[:, ends[chunk_of]]
+    if len(shape) == 4:
+        return d
+    if len(shape) == 3:
+        return d.sum(-1)
+    return d.sum((0, 1, 3))
