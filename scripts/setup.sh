@@ -9,7 +9,7 @@ if [ ! -x .venv/bin/python ]; then
   echo "[setup] creating .venv"
   "$PY" -m venv .venv
 fi
-VPY=.venv/bin/python
+VPY="$PWD/.venv/bin/python"
 pipi() { "$VPY" -m pip install -q --disable-pip-version-check "$@"; }
 if ! "$VPY" -c "import torch" 2>/dev/null; then
   echo "[setup] installing torch==2.13.0 (CPU wheel)"
@@ -30,7 +30,7 @@ if [ -n "$missing" ]; then
   echo "[setup] installing $missing"
   pipi $missing
 fi
-if ! "$VPY" -c "import ula" 2>/dev/null; then
+if ! (cd / && "$VPY" -c "import ula") 2>/dev/null; then  # from / so the source tree does not count
   echo "[setup] installing ula (editable)"
   pipi --no-deps --no-build-isolation -e . 2>/dev/null || pipi --no-deps -e .
 fi

@@ -7,7 +7,7 @@ Decay gradients come in closed form (decay_grad.py).
 """
 import torch
 
-from .decay_grad import border_products, chunk_layout, log_decay_grad
+from .decay_grad import border_sums, chunk_layout, log_decay_grad
 
 
 def canonical_left(ld, T):
@@ -59,11 +59,12 @@ class LinearAttentionFunction(torch.autograd.Function):
             # the dQ pass carries the forward states (transposed), the dV pass their gradients
             A, A_rev = (A_v, _t(A_q)) if rev else (_t(A_q), A_v)
             layout = chunk_layout(T, C, cu, q.device)
-            M = border_products(A, A_rev, gl, rd, layout)
+            X_left, X_right = border_sums(A, A_rev, gl, rd, layout)
+            del A, A_rev, A_q, A_v
             sign = -1.0 if rev else 1.0
             if ld is not None and ctx.needs_input_grad[3]:
-                dld = log_decay_grad(q, dq, k, dk, sign, M.sum(-1), layout, ld.shape).to(ld.dtype)
+                dld = log_decay_grad(q, dq, k, dk, sign, X_left, layout, ld.shape).to(ld.dtype)
             if rd is not None and ctx.needs_input_grad[4]:
-                drd = log_decay_grad(o, do, v, dv, sign, M.sum(-2), layout, rd.shape).to(rd.dtype)
+                drd = log_decay_grad(o, do, v, dv, sign, X_right, layout, rd.shape).to(rd.dtype)
         dh0 = dh0.to(h0.dtype) if h0 is not None else None
         return (dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), dld, drd, dh0) + (None,) * 6

@@ -7,9 +7,6 @@ Intra-chunk work is batched over all chunks; only the state scan walks the chunk
 """
 import torch
 
-SUB = 16  # sub-chunk of the secondary chunking (paper 002 §4.3) used when a decay is per feature
-
-
 def _cumsum_chunks(g, n, C):
     """[B, H, n*C, D] log decay -> inclusive cumulative sum inside each chunk, [B, H, n, C, D]."""
     return g.reshape(*g.shape[:2], n, C, g.shape[-1]).cumsum(-2)
@@ -36,49 +33,32 @@ def _intra_scalar(q, k, v, b):
 def _intra_vector(q, k, v, b, c):
     """Intra-chunk output with a per-feature left decay b [.., C, K|1] and/or right decay c [.., C, V].
 
-    Secondary chunking: the chunk is cut into sub-chunks of SUB steps. Between sub-chunks the decay is
-    split at the step before sub-chunk I starts (reference r), exp(b_i - b_j) = exp(b_i - b_r) exp(b_r - b_j),
-    both factors at most 1, so the pair is a matmul. Inside a sub-chunk the decays are applied per element."""
+    Secondary chunking taken all the way down (paper 002 §4.3): at each level the blocks of 2h steps are
+    split in halves, and every pair (i in the right half, j in the left half) goes through the last step
+    r of the left half, exp(b_i - b_j) = exp(b_i - b_r) exp(b_r - b_j), both factors at most 1, so the
+    pairs are one matmul. Levels h = C/2, ..., 1 cover every pair i > j; the diagonal i = j has no decay.
+    Memory is O(C·D) per chunk at every level: no [C, C, D] tensor."""
     C = q.shape[-2]
-    s = min(SUB, C)
-    S = C // s
-    dev = q.device
-    zero_b = torch.zeros_like(b[..., :1, :]) if b is not None else None
-    zero_c = torch.zeros_like(c[..., :1, :]) if c is not None else None
-    o = torch.zeros(*q.shape[:-1], v.shape[-1], dtype=q.dtype, device=dev)
-    j_idx = torch.arange(C, device=dev)
-    tri = torch.ones(s, s, dtype=torch.bool, device=dev).tril()
-    for I in range(S):
-        lo, hi = I * s, (I + 1) * s
-        qI = q[..., lo:hi, :]
-        bI = b[..., lo:hi, :] if b is not None else None
-        cI = c[..., lo:hi, :] if c is not None else None
-        # inter-sub-chunk part: all j before this sub-chunk, reference r = lo - 1
-        if I > 0:
-            before = (j_idx < lo).unsqueeze(-1)
-            kf, vf, qf = k[..., :lo, :], v[..., :lo, :], qI
-            if b is not None:
-                br = b[..., lo - 1:lo, :]
-                kf = kf * _masked_exp(br - b[..., :lo, :], before[:lo])
-                qf = qf * (bI - br).exp()
-            if c is not None:
-                cr = c[..., lo - 1:lo, :]
-                vf = vf * _masked_exp(cr - c[..., :lo, :], before[:lo])
-            part = (qf @ kf.transpose(-1, -2)) @ vf
-            o[..., lo:hi, :] += part * (cI - cr).exp() if c is not None else part
-        # intra-sub-chunk part: per-element decays, [.., s, s, D]
-        kI = k[..., lo:hi, :]
+    o = (q * k).sum(-1, keepdim=True) * v  # i = j
+    h = C // 2
+    while h >= 1:
+        blk = lambda x: x.reshape(*x.shape[:-2], C // (2 * h), 2 * h, x.shape[-1])  # noqa: E731
+        qb, kb, vb = blk(q), blk(k), blk(v)
+        qR, kL, vL = qb[..., h:, :], kb[..., :h, :], vb[..., :h, :]
         if b is not None:
-            D = _masked_exp(bI.unsqueeze(-2) - bI.unsqueeze(-3), tri.unsqueeze(-1))
-            A = (qI.unsqueeze(-2) * kI.unsqueeze(-3) * D).sum(-1)
-        else:
-            A = (qI @ kI.transpose(-1, -2)).masked_fill(~tri, 0)
-        vI = v[..., lo:hi, :]
+            bb = blk(b)
+            br = bb[..., h - 1:h, :]
+            qR, kL = qR * (bb[..., h:, :] - br).exp(), kL * (br - bb[..., :h, :]).exp()
         if c is not None:
-            E = _masked_exp(cI.unsqueeze(-2) - cI.unsqueeze(-3), tri.unsqueeze(-1))
-            o[..., lo:hi, :] += (A.unsqueeze(-1) * vI.unsqueeze(-3) * E).sum(-2)
-        else:
-            o[..., lo:hi, :] += A @ vI
+            cb = blk(c)
+            cr = cb[..., h - 1:h, :]
+            vL = vL * (cr - cb[..., :h, :]).exp()
+        part = (qR @ kL.transpose(-1, -2)) @ vL
+        if c is not None:
+            part = part * (cb[..., h:, :] - cr).exp()
+        ob = blk(o)
+        ob[..., h:, :] += part
+        h //= 2
     return o
 
 
@@ -178,7 +158,7 @@ def chunk_recurrence(q, k, v, gl=None, gr=None, *, scale=1.0, initial_state=None
     return torch.cat(outs, 2).transpose(1, 2), torch.cat(finals, 0), torch.cat(borders, 2)
 
 
-# Accuracy of the decay gradients (see autograd.py): backward passes in chunks of at most 16 steps when
+# Accuracy of the decay gradients (see autograd.py): backward passes in chunks of at most 32 steps when
 # decay gradients are needed, and the dQ, dK passes in float64 when a constant decay needs its gradient.
-chunk_recurrence.decay_grad_chunk = 16
+chunk_recurrence.decay_grad_chunk = 32
 chunk_recurrence.constant_decay_grad_dtype = torch.float64

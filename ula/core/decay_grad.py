@@ -26,16 +26,29 @@ def chunk_layout(T, C, cu_seqlens, device):
     return torch.tensor(ends, device=device), torch.tensor(inner, device=device)
 
 
-def border_products(A, A_rev, gl, gr, layout):
-    """A ⊙ Ã with the decay of the step after each chunk, [B, H, n, K, V] (float64)."""
+def border_sums(A, A_rev, gl, gr, layout):
+    """X for the left decay [B, H, n, K] (sum over V) and the right decay [B, H, n, V] (sum over K) of
+    A ⊙ Ã with the decays of the step after each chunk: X_left = λ ⊙ ((A ⊙ Ã) γ), X_right = γ ⊙ (λ (A ⊙ Ã))."""
     ends, inner = layout
     nxt = torch.where(inner, ends, torch.zeros_like(ends))
-    M = A.double() * A_rev.double()
-    if gl is not None:  # [B|1, T, H, K|1] -> [B|1, H, n, K|1, 1]
-        M = M * (gl[:, nxt].double() * inner.view(1, -1, 1, 1)).exp().transpose(1, 2).unsqueeze(-1)
-    if gr is not None:
-        M = M * (gr[:, nxt].double() * inner.view(1, -1, 1, 1)).exp().transpose(1, 2).unsqueeze(-2)
-    return M
+    P = A * A_rev  # [B, H, n, K, V]
+
+    def step_after(g):  # decay of the step after each chunk, 1 at the end of a sequence: [B|1, H, n, D]
+        if g is None:
+            return None
+        return (g[:, nxt].to(P.dtype) * inner.view(1, -1, 1, 1)).exp().transpose(1, 2)
+
+    lam, gam = step_after(gl), step_after(gr)
+    x_left = P.sum(-1) if gam is None else (P @ gam.unsqueeze(-1)).squeeze(-1)
+    if lam is None:
+        x_right = P.sum(-2)
+    elif lam.shape[-1] == 1:  # the same decay for every feature
+        x_left, x_right = x_left * lam, P.sum(-2) * lam
+    else:
+        x_left, x_right = x_left * lam, (lam.unsqueeze(-2) @ P).squeeze(-2)
+    if gam is not None:
+        x_right = x_right * gam
+    return x_left, x_right
 
 
 def log_decay_grad(a, da, x, dx, sign, X, layout, shape):

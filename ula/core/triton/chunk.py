@@ -1,0 +1,86 @@
+"""chunk_recurrence_triton: F(q, k, v, L, R, reverse) of DESIGN §2 on the three kernels (cumsum, state, output).
+
+Same contract as ula.core.chunk_torch.chunk_recurrence. Reverse and varlen are native: the kernels walk the
+chunks backward and read the sequence bounds themselves (no flipped or padded copies of q, k, v)."""
+from dataclasses import dataclass
+
+import torch
+import triton
+
+from .cumsum import chunk_cumsum
+from .output import chunk_output
+from .state import chunk_states
+from .utils import dot_code
+
+
+@dataclass
+class Layout:
+    """Where the chunks are. Chunks start at each sequence's first step. Without cu_seqlens every batch element
+    has n = cdiv(T, C) chunks; with it, n counts the chunks of all sequences, one after another."""
+    C: int
+    n: int
+    N: int
+    varlen: bool
+    cu: torch.Tensor           # int32 [N + 1] (a dummy without varlen)
+    chunk_seq: torch.Tensor    # int32 [n]: sequence of each chunk
+    chunk_start: torch.Tensor  # int32 [n]: first step of each chunk
+    chunk_offset: torch.Tensor  # int32 [N + 1]: first chunk of each sequence
+
+
+def make_layout(B, T, C, cu_seqlens, device):
+    if cu_seqlens is None:
+        z = torch.zeros(1, dtype=torch.int32, device=device)
+        return Layout(C, triton.cdiv(T, C), B, False, z, z, z, z)
+    cu = cu_seqlens.to(device=device, dtype=torch.int64)
+    N = cu.numel() - 1
+    nch = (cu[1:] - cu[:-1] + C - 1) // C
+    offset = torch.cat([torch.zeros(1, dtype=torch.int64, device=device), nch.cumsum(0)])
+    n = int(offset[-1])  # the grid size needs it on the host (one sync)
+    seq = torch.repeat_interleave(torch.arange(N, device=device), nch, output_size=n)
+    local = torch.arange(n, device=device) - offset[seq]
+    start = cu[seq] + local * C
+    i32 = lambda x: x.to(torch.int32).contiguous()  # noqa: E731
+    return Layout(C, n, N, True, i32(cu), i32(seq), i32(start), i32(offset))
+
+
+def _final_decay(S, gl, gr, cu_seqlens):
+    """A reverse pass leaves through each sequence's first step, which decays the state once more."""
+    first = 0 if cu_seqlens is None else cu_seqlens[:-1].to(device=S.device, dtype=torch.long)
+    if gl is not None:
+        g = gl[:, first] if cu_seqlens is None else gl[0, first]  # [B|1 or N, H, K|1]
+        S = S * g.float().exp().unsqueeze(-1)
+    if gr is not None:
+        g = gr[:, first] if cu_seqlens is None else gr[0, first]
+        S = S * g.float().exp().unsqueeze(-2)
+    return S
+
+
+def chunk_recurrence_triton(q, k, v, gl=None, gr=None, *, scale=1.0, initial_state=None, cu_seqlens=None,
+                            reverse=False, chunk_size=64):
+    """F(q, k, v, L, R, reverse) of DESIGN §2 in [B, T, H, D] layout, on Triton kernels.
+
+    gl: left log decay, None or [B|1, T, H, K|1] (any strides: an expanded constant decay is read in place);
+    gr: right log decay, None or [B, T, H, V] (or [.., 1], then moved to the left). Math in float32 (matmul
+    operands in half precision where the inputs are). float64 inputs go to the PyTorch chunk path.
+    Returns o [B, T, H, V] float32, the final state [B|N, H, K, V] float32 and the border states
+    [B, H, n, K, V] float32: going forward the state after each chunk, in reverse the state entering each
+    chunk from its right end."""
+    if gr is not None and gr.shape[-1] == 1:  # a scalar decay commutes: carry it on the left
+        gl, gr = (gr if gl is None else gl + gr), None
+    if torch.float64 in (q.dtype, k.dtype, v.dtype):
+        from ..chunk_torch import chunk_recurrence
+        return chunk_recurrence(q, k, v, gl, gr, scale=scale, initial_state=initial_state, cu_seqlens=cu_seqlens,
+                                reverse=reverse, chunk_size=chunk_size)
+    B, T, H, K = q.shape
+    C = int(chunk_size)
+    q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
+    h0 = None if initial_state is None else initial_state.to(torch.float32).contiguous()
+    layout = make_layout(B, T, C, cu_seqlens, q.device)
+    dot = dot_code(q, k, v)
+    b = chunk_cumsum(gl, layout, reverse) if gl is not None else None
+    c = chunk_cumsum(gr, layout, reverse) if gr is not None else None
+    border, final = chunk_states(k, v, b, c, h0, layout, reverse, dot)
+    o = chunk_output(q, k, v, b, c, border, h0, scale, layout, reverse, dot)
+    if reverse and (gl is not None or gr is not None):
+        final = _final_decay(final, gl, gr, cu_seqlens)
+    return o, final, border

@@ -1,0 +1,199 @@
+"""Kernel 3: the output (paper 000, Alg. 7), parallel over V tiles, row blocks of every chunk and
+batch x heads.
+
+    o_i = scale * [ (q_i e^{b_i}) S_enter e^{c_i} + sum_j (q_i . k_j e^{b_i - b_j}) v_j e^{c_i - c_j} ]
+
+with j before i in the chunk (after i in reverse), b, c the chunk-local cumulative log decays of kernel 1.
+The intra-chunk matrix is tiled: a program owns BT rows and loops over key blocks of BT, so any chunk size fits.
+Off-diagonal blocks: exp(b_i - b_j) = exp(b_i - b_r) exp(b_j -> b_r) with a reference step r between the two
+blocks (both factors <= 1), so the block is one matmul (paper 002 §4.3, secondary chunking; BT = 16 for decays
+per feature). Diagonal block: per-element relative decays, masked before exp (no positive exponent forms)."""
+import triton
+import triton.language as tl
+
+from .utils import alloc, block, mm
+
+
+@triton.jit
+def _offdiag(q_base, k_base, v_base, b_base, c_base, rows, mi, js, ce, vc, mv, K, V, H,
+             DB: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, HAS_B: tl.constexpr,
+             HAS_C: tl.constexpr, VEC: tl.constexpr, REVERSE: tl.constexpr, DOT: tl.constexpr):
+    """Contribution of the key block starting at js (entirely before the rows, after them in reverse)."""
+    cols = js + tl.arange(0, BT)
+    mj = cols < ce
+    ri = rows.to(tl.int64) * H
+    rj = cols.to(tl.int64) * H
+    if REVERSE:
+        r = js  # reference step between the query rows and the key block
+    else:
+        r = js + BT - 1
+    A = tl.zeros([BT, BT], dtype=tl.float32)
+    for kk in range(0, K, BK):
+        kc = kk + tl.arange(0, BK)
+        mk = kc < K
+        qt = tl.load(q_base + ri[:, None] * K + kc[None, :], mask=mi[:, None] & mk[None, :], other=0.0).to(tl.float32)
+        kt = tl.load(k_base + rj[:, None] * K + kc[None, :], mask=mj[:, None] & mk[None, :], other=0.0).to(tl.float32)
+        if VEC and HAS_B:
+            bcols = kc if DB > 1 else kc * 0
+            br = tl.load(b_base + r.to(tl.int64) * H * DB + bcols, mask=mk, other=0.0)
+            bq = tl.load(b_base + ri[:, None] * DB + bcols[None, :], mask=mi[:, None] & mk[None, :], other=0.0)
+            bk = tl.load(b_base + rj[:, None] * DB + bcols[None, :], mask=mj[:, None] & mk[None, :], other=0.0)
+            qt = qt * tl.exp(tl.where(mi[:, None], bq - br[None, :], float("-inf")))
+            kt = kt * tl.exp(tl.where(mj[:, None], br[None, :] - bk, float("-inf")))
+        A += mm(qt, tl.trans(kt), DOT)
+    if HAS_B and not VEC:
+        bi = tl.load(b_base + ri * DB, mask=mi, other=0.0)
+        bj = tl.load(b_base + rj * DB, mask=mj, other=0.0)
+        A = A * tl.exp(tl.where(mi[:, None] & mj[None, :], bi[:, None] - bj[None, :], float("-inf")))
+    vt = tl.load(v_base + rj[:, None] * V + vc[None, :], mask=mj[:, None] & mv[None, :], other=0.0).to(tl.float32)
+    if HAS_C:
+        cr = tl.load(c_base + r.to(tl.int64) * H * V + vc, mask=mv, other=0.0)
+        cj = tl.load(c_base + rj[:, None] * V + vc[None, :], mask=mj[:, None] & mv[None, :], other=0.0)
+        ci = tl.load(c_base + ri[:, None] * V + vc[None, :], mask=mi[:, None] & mv[None, :], other=0.0)
+        vt = vt * tl.exp(tl.where(mj[:, None], cr[None, :] - cj, float("-inf")))
+        out = mm(A, vt, DOT) * tl.exp(tl.where(mi[:, None], ci - cr[None, :], float("-inf")))
+    else:
+        out = mm(A, vt, DOT)
+    return out
+
+
+@triton.jit
+def _diag(q_base, k_base, v_base, b_base, c_base, rows, mi, vc, mv, K, V, H,
+          DB: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, HAS_B: tl.constexpr,
+          HAS_C: tl.constexpr, VEC: tl.constexpr, REVERSE: tl.constexpr, DOT: tl.constexpr):
+    """Contribution of the rows' own block (keys = the same steps), causal in the direction of the pass."""
+    ri = rows.to(tl.int64) * H
+    if REVERSE:
+        m = (rows[:, None] <= rows[None, :]) & mi[:, None] & mi[None, :]
+    else:
+        m = (rows[:, None] >= rows[None, :]) & mi[:, None] & mi[None, :]
+    A = tl.zeros([BT, BT], dtype=tl.float32)
+    for kk in range(0, K, BK):
+        kc = kk + tl.arange(0, BK)
+        mk = kc < K
+        mik = mi[:, None] & mk[None, :]
+        qt = tl.load(q_base + ri[:, None] * K + kc[None, :], mask=mik, other=0.0).to(tl.float32)
+        kt = tl.load(k_base + ri[:, None] * K + kc[None, :], mask=mik, other=0.0).to(tl.float32)
+        if VEC and HAS_B:
+            bcols = kc if DB > 1 else kc * 0
+            bq = tl.load(b_base + ri[:, None] * DB + bcols[None, :], mask=mik, other=0.0)
+            d = tl.where(m[:, :, None], bq[:, None, :] - bq[None, :, :], float("-inf"))
+            A += tl.sum(qt[:, None, :] * kt[None, :, :] * tl.exp(d), 2)
+        else:
+            A += mm(qt, tl.trans(kt), DOT)
+    if HAS_B and not VEC:
+        bi = tl.load(b_base + ri * DB, mask=mi, other=0.0)
+        A = A * tl.exp(tl.where(m, bi[:, None] - bi[None, :], float("-inf")))
+    elif not HAS_B:
+        A = tl.where(m, A, 0.0)
+    vt = tl.load(v_base + ri[:, None] * V + vc[None, :], mask=mi[:, None] & mv[None, :], other=0.0).to(tl.float32)
+    if HAS_C:
+        ci = tl.load(c_base + ri[:, None] * V + vc[None, :], mask=mi[:, None] & mv[None, :], other=0.0)
+        e = tl.exp(tl.where(m[:, :, None], ci[:, None, :] - ci[None, :, :], float("-inf")))
+        out = tl.sum(A[:, :, None] * vt[None, :, :] * e, 1)
+    else:
+        out = mm(A, vt, DOT)
+    return out
+
+
+@triton.jit
+def _output_kernel(q, k, v, b, c, border, h0, o, cu, chunk_seq, chunk_start, T, H, K, V, NC, sb_b, sc_b, scale,
+                   DB: tl.constexpr, C: tl.constexpr, NRB: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
+                   BV: tl.constexpr, HAS_B: tl.constexpr, HAS_C: tl.constexpr, VEC: tl.constexpr,
+                   HAS_H0: tl.constexpr, REVERSE: tl.constexpr, VARLEN: tl.constexpr, DOT: tl.constexpr):
+    i_v, i_r, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    i_b, i_h = i_bh // H, i_bh % H
+    i_c = i_r // NRB
+    sub = i_r % NRB
+    if VARLEN:
+        seq = tl.load(chunk_seq + i_c)
+        cs = tl.load(chunk_start + i_c)
+        bos = tl.load(cu + seq)
+        eos = tl.load(cu + seq + 1)
+    else:
+        seq = i_b
+        cs = i_c * C
+        bos = 0
+        eos = T
+    ce = tl.minimum(cs + C, eos)
+    rs = cs + sub * BT
+    if rs < ce:
+        rows = rs + tl.arange(0, BT)
+        mi = rows < ce
+        ri = rows.to(tl.int64) * H
+        vc = i_v * BV + tl.arange(0, BV)
+        mv = vc < V
+        row0 = i_b.to(tl.int64) * T * H + i_h
+        q_base = q + row0 * K
+        k_base = k + row0 * K
+        v_base = v + row0 * V
+        b_base = b + i_b.to(tl.int64) * sb_b + i_h * DB
+        c_base = c + i_b.to(tl.int64) * sc_b + i_h * V
+        # inter-chunk part through the state entering the chunk
+        bord = border + ((i_b.to(tl.int64) * H + i_h) * NC) * K * V
+        if REVERSE:
+            s_ptr = bord + i_c.to(tl.int64) * K * V
+        else:
+            first = cs == bos
+            s_ptr = bord + tl.maximum(i_c - 1, 0).to(tl.int64) * K * V
+            from_border = cs != bos
+        h_ptr = h0 + (seq.to(tl.int64) * H + i_h) * K * V
+        acc = tl.zeros([BT, BV], dtype=tl.float32)
+        for kk in range(0, K, BK):
+            kc = kk + tl.arange(0, BK)
+            mk = kc < K
+            mik = mi[:, None] & mk[None, :]
+            qt = tl.load(q_base + ri[:, None] * K + kc[None, :], mask=mik, other=0.0).to(tl.float32)
+            if HAS_B:
+                bcols = kc if DB > 1 else kc * 0
+                qt = qt * tl.exp(tl.load(b_base + ri[:, None] * DB + bcols[None, :], mask=mik, other=0.0))
+            kv_off = kc[:, None] * V + vc[None, :]
+            mkv = mk[:, None] & mv[None, :]
+            if REVERSE:
+                st = tl.load(s_ptr + kv_off, mask=mkv, other=0.0)
+            else:
+                st = tl.load(s_ptr + kv_off, mask=mkv & from_border, other=0.0)
+                if HAS_H0:
+                    st += tl.load(h_ptr + kv_off, mask=mkv & first, other=0.0)
+            acc += mm(qt, st, DOT)
+        if HAS_C:
+            ci = tl.load(c_base + ri[:, None] * V + vc[None, :], mask=mi[:, None] & mv[None, :], other=0.0)
+            acc = acc * tl.exp(ci)
+        # intra-chunk part, one key block at a time
+        if REVERSE:
+            acc += _diag(q_base, k_base, v_base, b_base, c_base, rows, mi, vc, mv, K, V, H, DB, BT, BK, BV,
+                         HAS_B, HAS_C, VEC, REVERSE, DOT)
+            for js in range(rs + BT, ce, BT):
+                acc += _offdiag(q_base, k_base, v_base, b_base, c_base, rows, mi, js, ce, vc, mv, K, V, H, DB, BT,
+                                BK, BV, HAS_B, HAS_C, VEC, REVERSE, DOT)
+        else:
+            for js in range(cs, rs, BT):
+                acc += _offdiag(q_base, k_base, v_base, b_base, c_base, rows, mi, js, ce, vc, mv, K, V, H, DB, BT,
+                                BK, BV, HAS_B, HAS_C, VEC, REVERSE, DOT)
+            acc += _diag(q_base, k_base, v_base, b_base, c_base, rows, mi, vc, mv, K, V, H, DB, BT, BK, BV,
+                         HAS_B, HAS_C, VEC, REVERSE, DOT)
+        tl.store(o + row0 * V + ri[:, None] * V + vc[None, :], acc * scale, mask=mi[:, None] & mv[None, :])
+
+
+def chunk_output(q, k, v, b, c, border, h0, scale, layout, reverse, dot):
+    """o [B, T, H, V] float32 from q, k [B, T, H, K], v [B, T, H, V] (contiguous), the chunk-local cumulative
+    log decays b [Bg, T, H, K|1], c [Bg, T, H, V] (or None) and the border states of kernel 2."""
+    B, T, H, K = q.shape
+    V = v.shape[-1]
+    vec = (b is not None and b.shape[-1] > 1) or c is not None
+    C = layout.C
+    BT = min(C, 16 if vec else 64)
+    BK = block(K, 32 if vec else 64)
+    BV = block(V, 32 if c is not None else 64)
+    o = alloc((B, T, H, V), q.device)
+    dummy = border
+    grid = (triton.cdiv(V, BV), layout.n * (C // BT), B * H)
+    _output_kernel[grid](q, k, v, b if b is not None else dummy, c if c is not None else dummy, border,
+                         h0 if h0 is not None else dummy, o, layout.cu, layout.chunk_seq, layout.chunk_start,
+                         T, H, K, V, layout.n,
+                         (b.stride(0) if b is not None and b.shape[0] > 1 else 0),
+                         (c.stride(0) if c is not None and c.shape[0] > 1 else 0), float(scale),
+                         DB=b.shape[-1] if b is not None else 1, C=C, NRB=C // BT, BT=BT, BK=BK, BV=BV,
+                         HAS_B=b is not None, HAS_C=c is not None, VEC=vec, HAS_H0=h0 is not None,
+                         REVERSE=reverse, VARLEN=layout.varlen, DOT=dot)
+    return o

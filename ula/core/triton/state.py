@@ -1,0 +1,104 @@
+"""Kernel 2: the chunk states (paper 000, Alg. 6). Sequential over the chunks of a sequence, parallel over
+sequences x heads and over K and V tiles.
+
+Going forward it stores the state after each chunk; in reverse the state entering each chunk from its right
+end (these are the border states that chunk_recurrence returns and the output kernel reads back)."""
+import triton
+import triton.language as tl
+
+from .utils import alloc, block, mm
+
+
+@triton.jit
+def _state_kernel(k, v, b, c, h0, border, final, cu, chunk_offset, T, H, K, V, NC, sb_b, sc_b,
+                  DB: tl.constexpr, C: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+                  HAS_B: tl.constexpr, HAS_C: tl.constexpr, HAS_H0: tl.constexpr, REVERSE: tl.constexpr,
+                  VARLEN: tl.constexpr, DOT: tl.constexpr):
+    i_k, i_v, i_nh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    i_n, i_h = i_nh // H, i_nh % H
+    if VARLEN:
+        bos = tl.load(cu + i_n)
+        eos = tl.load(cu + i_n + 1)
+        c0 = tl.load(chunk_offset + i_n)
+        i_b = i_n * 0  # B == 1
+    else:
+        bos = 0
+        eos = T
+        c0 = 0
+        i_b = i_n
+    nc = tl.cdiv(eos - bos, C)
+    kc = i_k * BK + tl.arange(0, BK)
+    vc = i_v * BV + tl.arange(0, BV)
+    mk, mv = kc < K, vc < V
+    mkv = mk[:, None] & mv[None, :]
+    row0 = i_b.to(tl.int64) * T * H + i_h  # row t of head i_h: (row0 + t * H) * D
+    k_base = k + row0 * K
+    v_base = v + row0 * V
+    b_base = b + i_b.to(tl.int64) * sb_b + i_h * DB
+    c_base = c + i_b.to(tl.int64) * sc_b + i_h * V
+    bcols = kc if DB > 1 else kc * 0  # a scalar decay is read once per row and broadcast over K
+    kv_off = kc[:, None] * V + vc[None, :]
+    bord_base = border + ((i_b.to(tl.int64) * H + i_h) * NC + c0) * K * V
+    S = tl.zeros([BK, BV], dtype=tl.float32)
+    if HAS_H0:
+        S += tl.load(h0 + (i_n.to(tl.int64) * H + i_h) * K * V + kv_off, mask=mkv, other=0.0).to(tl.float32)
+    for it in range(0, nc):
+        if REVERSE:
+            idx = nc - 1 - it
+        else:
+            idx = it
+        cs = bos + idx * C
+        ce = tl.minimum(cs + C, eos)
+        if REVERSE:
+            tl.store(bord_base + idx.to(tl.int64) * K * V + kv_off, S, mask=mkv)
+            e_row = cs
+        else:
+            e_row = ce - 1
+        if HAS_B:
+            b_end = tl.load(b_base + e_row.to(tl.int64) * H * DB + bcols, mask=mk, other=0.0)
+            S = S * tl.exp(b_end)[:, None]
+        if HAS_C:
+            c_end = tl.load(c_base + e_row.to(tl.int64) * H * V + vc, mask=mv, other=0.0)
+            S = S * tl.exp(c_end)[None, :]
+        for r in range(cs, ce, BT):
+            rows = r + tl.arange(0, BT)
+            mr = rows < ce
+            r64 = rows.to(tl.int64) * H
+            kt = tl.load(k_base + r64[:, None] * K + kc[None, :], mask=mr[:, None] & mk[None, :],
+                         other=0.0).to(tl.float32)
+            vt = tl.load(v_base + r64[:, None] * V + vc[None, :], mask=mr[:, None] & mv[None, :],
+                         other=0.0).to(tl.float32)
+            if HAS_B:
+                bt = tl.load(b_base + r64[:, None] * DB + bcols[None, :], mask=mr[:, None] & mk[None, :], other=0.0)
+                kt = kt * tl.exp(tl.where(mr[:, None], b_end[None, :] - bt, float("-inf")))
+            if HAS_C:
+                ct = tl.load(c_base + r64[:, None] * V + vc[None, :], mask=mr[:, None] & mv[None, :], other=0.0)
+                vt = vt * tl.exp(tl.where(mr[:, None], c_end[None, :] - ct, float("-inf")))
+            S += mm(tl.trans(kt), vt, DOT)
+        if not REVERSE:
+            tl.store(bord_base + idx.to(tl.int64) * K * V + kv_off, S, mask=mkv)
+    tl.store(final + (i_n.to(tl.int64) * H + i_h) * K * V + kv_off, S, mask=mkv)
+
+
+def chunk_states(k, v, b, c, h0, layout, reverse, dot):
+    """k [B, T, H, K], v [B, T, H, V] contiguous; b [Bg, T, H, K|1], c [Bg, T, H, V] chunk-local cumulative
+    log decays (or None); h0 [N, H, K, V] float32 contiguous or None. Returns the border states [B, H, n, K, V]
+    and the final state [N, H, K, V] (before the extra decay of a reverse pass)."""
+    B, T, H, K = k.shape
+    V = v.shape[-1]
+    N = layout.N
+    border = alloc((B, H, layout.n, K, V), k.device)
+    final = alloc((N, H, K, V), k.device)
+    BK, BV = block(K, 64), block(V, 64)
+    BT = min(layout.C, 64)
+    DB = b.shape[-1] if b is not None else 1
+    dummy = border
+    grid = (triton.cdiv(K, BK), triton.cdiv(V, BV), N * H)
+    _state_kernel[grid](k, v, b if b is not None else dummy, c if c is not None else dummy,
+                        h0 if h0 is not None else dummy, border, final, layout.cu, layout.chunk_offset,
+                        T, H, K, V, layout.n,
+                        (b.stride(0) if b is not None and b.shape[0] > 1 else 0),
+                        (c.stride(0) if c is not None and c.shape[0] > 1 else 0),
+                        DB=DB, C=layout.C, BT=BT, BK=BK, BV=BV, HAS_B=b is not None, HAS_C=c is not None,
+                        HAS_H0=h0 is not None, REVERSE=reverse, VARLEN=layout.varlen, DOT=dot)
+    return border, final
