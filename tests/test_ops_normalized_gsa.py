@@ -1,0 +1,165 @@
+"""Normalized linear attention (paper 001) and GSA / ABC (paper 004) against float64 step-by-step
+references: forward, gradients (a, b, the gates g and write strengths s included), states, varlen, decoding."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+import ula
+from helpers import fresh_seed, rel
+from test_ops_refs import (CHUNK, SHAPE, check, compare, per_sequence, rand_cu, ref_abc, ref_gsa,
+                           ref_normalized)
+
+B, T, H, K, V = (SHAPE[x] for x in "BTHKV")
+M = 5  # slots
+KW = dict(chunk_size=CHUNK, backend="torch")
+
+
+def _norm_state(N):
+    """A state that a prefix could have left: Σ [k; 1][v; 1]ᵀ over 6 random tokens (L2-normalized keys)."""
+    k = F.normalize(torch.randn(N, 6, H, K), dim=-1)
+    v = torch.randn(N, 6, H, V)
+    ka = torch.cat([k, torch.ones_like(k[..., :1])], -1)
+    va = torch.cat([v, torch.ones_like(v[..., :1])], -1)
+    return torch.einsum("nthk,nthv->nhkv", ka, va)
+
+
+@pytest.mark.parametrize("coef", ["float", "tensor"])
+@pytest.mark.parametrize("h0", [False, True])
+def test_normalized(coef, h0):
+    seed = fresh_seed()
+    if coef == "float":
+        a, b = 1.5, 1.0
+    else:  # learnable per-head coefficients, a > |b| keeps the denominator positive
+        a, b = torch.rand(H) + 1.2, torch.rand(H) * 2 - 1
+    inp = dict(q=torch.randn(B, T, H, K), k=torch.randn(B, T, H, K), v=torch.randn(B, T, H, V), a=a, b=b,
+               h0=_norm_state(B) if h0 else None)
+    errs = compare(lambda h0, **x: ula.normalized_linear_attention(**x, initial_state=h0, output_final_state=True, **KW),
+                   lambda **x: ref_normalized(**x), inp)
+    check(errs, seed)
+
+
+def test_normalized_matches_eq4_directly_and_without_l2():
+    seed = fresh_seed()
+    q, k, v = torch.randn(B, T, H, K), torch.randn(B, T, H, K), torch.randn(B, T, H, V)
+    o, _ = ula.normalized_linear_attention(q, k, v, 2.0, 0.5, **KW)
+    o_ref, _ = ref_normalized(q.double(), k.double(), v.double(), 2.0, 0.5, direct=True)
+    assert rel(o, o_ref) <= 1e-4, seed
+    # without the L2 norm, positive features keep the denominator away from 0 (a, b > 0)
+    q, k = q.abs(), k.abs()
+    errs = compare(lambda **x: ula.normalized_linear_attention(**x, qk_l2_norm=False, output_final_state=True, **KW),
+                   lambda **x: ref_normalized(**x, qk_l2_norm=False),
+                   dict(q=q, k=k, v=v, a=torch.tensor(0.7), b=torch.tensor(0.3)))
+    check(errs, seed)
+
+
+def test_normalized_denominator_clamp():
+    """a = 0, b = 1 without L2 norm: a denominator that crosses 0 is clamped to ±eps, never inf or NaN."""
+    q, k, v = torch.randn(1, 40, 1, 4), torch.randn(1, 40, 1, 4), torch.randn(1, 40, 1, 3)
+    k[0, 1] = -k[0, 0]  # Σ_{n<=2} q·k_n = 0 exactly at step 2
+    q.requires_grad_()
+    o, _ = ula.normalized_linear_attention(q, k, v, 0.0, 1.0, qk_l2_norm=False, eps=1e-3, **KW)
+    o.sum().backward()
+    assert torch.isfinite(o).all() and torch.isfinite(q.grad).all()
+    num = (q[0, 1] * k[0, 0]).sum(-1, keepdim=True) * (v[0, 0] - v[0, 1])  # Σ_{n<=2} (q_2·k_n) v_n
+    assert (o[0, 1].abs() <= num.detach().abs() / 1e-3 * 1.001 + 1e-3).all()
+
+
+def test_normalized_varlen_and_step():
+    seed = fresh_seed()
+    cu = rand_cu()
+    Tn, N = int(cu[-1]), len(cu) - 1
+    a, b = torch.rand(H) + 1.2, torch.rand(H)
+    inp = dict(q=torch.randn(1, Tn, H, K), k=torch.randn(1, Tn, H, K), v=torch.randn(1, Tn, H, V), h0=_norm_state(N))
+    errs = compare(lambda h0, **x: ula.normalized_linear_attention(**x, a=a, b=b, initial_state=h0,
+                                                                   output_final_state=True, cu_seqlens=cu, **KW),
+                   lambda h0, **x: per_sequence(ref_normalized, cu, x, dict(a=a.double(), b=b.double()), h0), inp)
+    check(errs, seed)
+    q, k, v = torch.randn(B, T, H, K), torch.randn(B, T, H, K), torch.randn(B, T, H, V)
+    full, _ = ula.normalized_linear_attention(q, k, v, a, b, **KW)
+    T0 = 20
+    o0, S = ula.normalized_linear_attention(q[:, :T0], k[:, :T0], v[:, :T0], a, b, output_final_state=True, **KW)
+    outs = [o0]
+    for t in range(T0, T):
+        o_t, S = ula.normalized_linear_attention_step(q[:, t], k[:, t], v[:, t], a, b, S)
+        outs.append(o_t.unsqueeze(1))
+    assert rel(torch.cat(outs, 1), full) <= 1e-5, seed
+
+
+def _gsa_inputs(Bn, Tn, N, tied, h0):
+    g = F.logsigmoid(torch.randn(Bn, Tn, H, M) + 2.0)
+    d = dict(q=torch.randn(Bn, Tn, H, K), k=torch.randn(Bn, Tn, H, K), v=torch.randn(Bn, Tn, H, V), g=g)
+    if not tied:
+        d["s"] = torch.rand(Bn, Tn, H, M)
+    d["h0"] = (torch.randn(N, H, K, M), torch.randn(N, H, M, V)) if h0 else None
+    return d
+
+
+def _ref_gsa(h0, g, s=None, **x):
+    return ref_gsa(s=-torch.expm1(g) if s is None else s, g=g, h0=h0, **x)
+
+
+@pytest.mark.parametrize("tied", [True, False])
+@pytest.mark.parametrize("h0", [False, True])
+def test_gsa(tied, h0):
+    """tied: the paper's s = 1 − α (gradients reach g twice); else independent write strengths s."""
+    seed = fresh_seed()
+    errs = compare(lambda h0, **x: ula.gsa(**x, initial_state=h0, output_final_state=True, **KW), _ref_gsa,
+                   _gsa_inputs(B, T, B, tied, h0))
+    check(errs, seed)
+
+
+def test_gsa_varlen():
+    seed = fresh_seed()
+    cu = rand_cu()
+    Tn, N = int(cu[-1]), len(cu) - 1
+    inp = _gsa_inputs(1, Tn, N, True, True)
+    errs = compare(lambda h0, **x: ula.gsa(**x, initial_state=h0, output_final_state=True, cu_seqlens=cu, **KW),
+                   lambda h0, **x: per_sequence(lambda h0, g, **y: _ref_gsa(h0, g, **y), cu, x, {}, h0), inp)
+    check(errs, seed)
+
+
+def test_abc():
+    """g = None: ABC with the paper's cumulative-softmax write strengths (Eq. 3-4), plain and varlen."""
+    seed = fresh_seed()
+    inp = dict(q=torch.randn(B, T, H, K), k=torch.randn(B, T, H, K), v=torch.randn(B, T, H, V),
+               w=torch.randn(B, T, H, M) * 2, h0=None)
+    errs = compare(lambda h0, **x: ula.abc(**x, output_final_state=True, **KW), lambda **x: ref_abc(**x), inp)
+    check(errs, seed)
+    cu = rand_cu()
+    Tn, N = int(cu[-1]), len(cu) - 1
+    inp = dict(q=torch.randn(1, Tn, H, K), k=torch.randn(1, Tn, H, K), v=torch.randn(1, Tn, H, V),
+               w=torch.randn(1, Tn, H, M) * 2,
+               h0=(torch.randn(N, H, K, M), torch.randn(N, H, M, V), torch.randn(N, H, M)))
+    errs = compare(lambda h0, **x: ula.abc(**x, initial_state=h0, output_final_state=True, cu_seqlens=cu, **KW),
+                   lambda h0, **x: per_sequence(ref_abc, cu, x, {}, h0), inp)
+    check(errs, seed)
+
+
+@pytest.mark.parametrize("family", ["gsa", "gsa_untied", "abc"])
+def test_gsa_step_decoding(family):
+    seed = fresh_seed()
+    q, k, v = torch.randn(B, T, H, K), torch.randn(B, T, H, K), torch.randn(B, T, H, V)
+    g = F.logsigmoid(torch.randn(B, T, H, M) + 2.0)
+    s = torch.rand(B, T, H, M) if family == "gsa_untied" else None
+    w = torch.randn(B, T, H, M)
+
+    def chunk(sl, state, final):
+        x = dict(q=q[:, sl], k=k[:, sl], v=v[:, sl])
+        if family == "abc":
+            return ula.abc(**x, w=w[:, sl], initial_state=state, output_final_state=final, **KW)
+        return ula.gsa(**x, s=None if s is None else s[:, sl], g=g[:, sl], initial_state=state,
+                       output_final_state=final, **KW)
+
+    def step(t, state):
+        if family == "abc":
+            return ula.abc_step(q[:, t], k[:, t], v[:, t], w[:, t], state)
+        return ula.gsa_step(q[:, t], k[:, t], v[:, t], None if s is None else s[:, t], g[:, t], state)
+
+    full, _ = chunk(slice(0, T), None, False)
+    T0 = 19
+    o0, state = chunk(slice(0, T0), None, True)
+    outs = [o0]
+    for t in range(T0, T):
+        o_t, state = step(t, state)
+        outs.append(o_t.unsqueeze(1))
+    assert rel(torch.cat(outs, 1), full) <= 1e-5, seed

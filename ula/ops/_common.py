@@ -1,0 +1,66 @@
+"""Helpers shared by the families: the one-token recurrent step, gate dtypes, packed <-> padded layout."""
+import torch
+
+
+def state_dtype(x):
+    """States are float32, float64 only for float64 inputs (as in the core)."""
+    return torch.float64 if x.dtype == torch.float64 else torch.float32
+
+
+def recurrent_step(q, k, v, ld=None, rd=None, state=None, scale=None):
+    """One step of the core recurrence (DESIGN §1) for decoding, in torch:
+
+        S = diag(exp ld) S diag(exp rd) + k vᵀ,      o = scale · Sᵀ q
+
+    q, k [B, H, K]; v [B, H, V]; ld None / [H] / [B, H] / [B, H, K]; rd None / [B, H, V];
+    state [B, H, K, V] or None (zeros). Returns (o [B, H, V] with the dtype of v, new state)."""
+    B, H, K = q.shape
+    dt = state_dtype(q)
+    scale = K ** -0.5 if scale is None else scale
+    S = torch.zeros(B, H, K, v.shape[-1], dtype=dt, device=q.device) if state is None else state.to(dt)
+    if ld is not None:
+        lam = ld.to(dt).exp()
+        lam = {1: lambda x: x.view(1, H, 1, 1), 2: lambda x: x[..., None, None], 3: lambda x: x[..., None]}[ld.dim()](lam)
+        S = lam * S
+    if rd is not None:
+        S = S * rd.to(dt).exp()[..., None, :]
+    S = S + k.to(dt)[..., :, None] * v.to(dt)[..., None, :]
+    o = torch.einsum("bhk,bhkv->bhv", q.to(dt), S) * scale
+    return o.to(v.dtype), S
+
+
+def decay_dtype(q):
+    """The dtype the core wants for log decays next to q."""
+    return torch.float64 if q.dtype == torch.float64 else torch.float32
+
+
+class PackedLayout:
+    """Maps per-token tensors between the core's layout [B, T, H, ...] (B == 1 packed with cu_seqlens)
+    and a padded one [N, L, H, ...] with one row per sequence, so per-sequence scans (cumsum, cummax,
+    logcumsumexp) are plain ops along dim 1. Without cu_seqlens both layouts are the same."""
+
+    def __init__(self, cu_seqlens, T, device):
+        self.cu = cu_seqlens
+        if cu_seqlens is None:
+            return
+        cu = cu_seqlens.to(device=device, dtype=torch.long)
+        lens = cu[1:] - cu[:-1]
+        self.N, self.L = lens.numel(), int(lens.max())
+        self.seq = torch.repeat_interleave(torch.arange(self.N, device=device), lens)
+        self.pos = torch.arange(T, device=device) - cu[:-1][self.seq]
+        self.lens = lens
+
+    def pad(self, x, fill=0.0):
+        if self.cu is None:
+            return x
+        out = x.new_full((self.N, self.L) + tuple(x.shape[2:]), fill)
+        return out.index_put((self.seq, self.pos), x[0])
+
+    def unpad(self, x):
+        return x if self.cu is None else x[self.seq, self.pos].unsqueeze(0)
+
+    def last_of(self, x):
+        """Value at the last step of each sequence, [N, ...], from the padded layout."""
+        if self.cu is None:
+            return x[:, -1]
+        return x[torch.arange(self.N, device=x.device), self.lens - 1]

@@ -1,0 +1,24 @@
+"""Gated Linear Attention (paper 002): a per-key-feature (vector) forget gate.
+
+    S_t = Diag(exp g_t) S_{t-1} + k_t v_tᵀ,      o_t = scale · S_tᵀ q_t
+
+`g` is the log forget gate [B, T, H, K] (<= 0), e.g. logsigmoid(x W) / τ as in the GLA layer (§4.4).
+One call of the core with a vector left decay."""
+from ..core import linear_attention
+from ._common import decay_dtype, recurrent_step
+
+
+def gla(q, k, v, g, *, scale=None, initial_state=None, output_final_state=False, cu_seqlens=None,
+        chunk_size=64, backend="auto"):
+    """q, k [B, T, H, K]; v [B, T, H, V]; g [B, T, H, K] log forget gate (<= 0).
+    scale defaults to K ** -0.5. States [B, H, K, V] float32 ([N, H, K, V] with cu_seqlens).
+    Returns (o [B, T, H, V], final state or None)."""
+    return linear_attention(q, k, v, g.to(decay_dtype(q)), scale=scale, initial_state=initial_state,
+                            output_final_state=output_final_state, cu_seqlens=cu_seqlens,
+                            chunk_size=chunk_size, backend=backend)
+
+
+def gla_step(q, k, v, g, state=None, *, scale=None):
+    """One decoding step: q, k, g [B, H, K], v [B, H, V], state [B, H, K, V] or None.
+    Returns (o [B, H, V], new state)."""
+    return recurrent_step(q, k, v, g, None, state, scale)

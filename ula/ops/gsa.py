@@ -1,0 +1,103 @@
+"""Gated Slot Attention (paper 004, Eq. 6-7) and ABC (Eq. 3-4): m memory slots read through a softmax.
+
+GSA, per slot j with forget gate α_t in (0, 1)^m:
+    K̃_t = Diag(α_t) K̃_{t-1} + s_t ⊗ k_t,    Ṽ_t = Diag(α_t) Ṽ_{t-1} + s_t ⊗ v_t     (K̃, Ṽ in R^{m×d})
+    o_t = Ṽ_tᵀ softmax(scale · K̃_t q_t)
+with write strengths s_t = 1 − α_t in the paper (Eq. 6). As two core calls (Eq. 7), state S = K̃ᵀ / Ṽ:
+    pass 1: o'_t = linear_attention(q, k, s, ld=None, rd=log α)     (S1 = K̃ᵀ [K, m]; right decay)
+    pass 2: o_t  = linear_attention(softmax(o'), s, v, ld=log α, rd=None, scale=1)   (S2 = Ṽ [m, V])
+The right decay is what makes pass 1 a plain call.
+
+Arguments: g = log α [B, T, H, m] (<= 0) and s [B, T, H, m] the write strengths. Either may be left out:
+  * s None  -> s = 1 − exp(g) (computed as −expm1(g)), the paper's GSA; gradients reach g through both.
+  * g None  -> no forgetting: ABC (Eq. 3) with s = φ the write strengths. `abc` takes the slot logits
+    W_φ x instead and forms the paper's cumulative softmax φ_t = exp(w_t) / Σ_{j<=t} exp(w_j) (Eq. 4).
+`scale` (default K ** -0.5) multiplies K̃_t q_t before the softmax; scale=1 is Eq. 6 as printed."""
+import torch
+
+from ..core import linear_attention
+from ._common import PackedLayout, decay_dtype, recurrent_step
+
+
+def _prep(q, s, g):
+    if s is None and g is None:
+        raise ValueError("gsa needs the log forget gate g, the write strengths s, or both")
+    if g is not None:
+        g = g.to(decay_dtype(q))
+    if s is None:
+        s = -torch.expm1(g)
+    return s.to(q.dtype), g
+
+
+def _split(state):
+    if state is None:
+        return None, None
+    if not (isinstance(state, (tuple, list)) and len(state) == 2):
+        raise ValueError("GSA states are a tuple (K̃ᵀ [B, H, K, m], Ṽ [B, H, m, V])")
+    return state
+
+
+def gsa(q, k, v, s=None, g=None, *, scale=None, initial_state=None, output_final_state=False, cu_seqlens=None,
+        chunk_size=64, backend="auto"):
+    """Gated Slot Attention (see the module docstring). q, k [B, T, H, K]; v [B, T, H, V];
+    s, g [B, T, H, m]. States (K̃ᵀ [B, H, K, m], Ṽ [B, H, m, V]) float32 ([N, ...] with cu_seqlens).
+    Returns (o [B, T, H, V], final state tuple or None)."""
+    s, g = _prep(q, s, g)
+    h1, h2 = _split(initial_state)
+    kw = dict(output_final_state=output_final_state, cu_seqlens=cu_seqlens, chunk_size=chunk_size,
+              backend=backend)
+    o1, S1 = linear_attention(q, k, s, None, g, scale=scale, initial_state=h1, **kw)
+    p = torch.softmax(o1.to(decay_dtype(q)), -1).to(q.dtype)
+    o, S2 = linear_attention(p, s, v, g, None, scale=1.0, initial_state=h2, **kw)
+    return o, ((S1, S2) if output_final_state else None)
+
+
+def gsa_step(q, k, v, s=None, g=None, state=None, *, scale=None):
+    """One decoding step: q, k [B, H, K], v [B, H, V], s, g [B, H, m]; state (K̃ᵀ, Ṽ) or None.
+    Returns (o [B, H, V], new state)."""
+    s, g = _prep(q, s, g)
+    h1, h2 = _split(state)
+    o1, S1 = recurrent_step(q, k, s, None, g, h1, scale)
+    p = torch.softmax(o1.to(decay_dtype(q)), -1).to(q.dtype)
+    o, S2 = recurrent_step(p, s, v, g, None, h2, 1.0)
+    return o, (S1, S2)
+
+
+def abc(q, k, v, w, *, scale=None, initial_state=None, output_final_state=False, cu_seqlens=None, chunk_size=64,
+        backend="auto"):
+    """ABC with the paper's write strengths (Eq. 3-4): φ_t = exp(w_t) / Σ_{j<=t} exp(w_j) per slot, from slot
+    logits w [B, T, H, m], then `gsa(q, k, v, s=φ, g=None)`. The cumulative softmax restarts with each
+    sequence; its running log-normalizer log Σ exp(w) [B, H, m] is a third state (None = nothing before).
+    States (K̃ᵀ, Ṽ, log Σ exp w). Returns (o, final state tuple or None)."""
+    h1 = h2 = z0 = None
+    if initial_state is not None:
+        h1, h2, z0 = initial_state
+    phi, zT = _cumulative_softmax(w, z0, PackedLayout(cu_seqlens, q.shape[1], q.device))
+    o, S = gsa(q, k, v, phi, None, scale=scale, initial_state=None if h1 is None else (h1, h2),
+               output_final_state=output_final_state, cu_seqlens=cu_seqlens, chunk_size=chunk_size,
+               backend=backend)
+    return o, (S + (zT,) if output_final_state else None)
+
+
+def _cumulative_softmax(w, z0, layout):
+    wp = layout.pad(w.float() if w.dtype != torch.float64 else w)  # pads go last: they never reach a real step
+    if z0 is not None:
+        wp = torch.cat([z0.to(wp.dtype).unsqueeze(1), wp], 1)
+    z = torch.logcumsumexp(wp, 1)
+    if z0 is not None:
+        wp, z = wp[:, 1:], z[:, 1:]
+    phi = layout.unpad((wp - z).exp())
+    zT = layout.last_of(z)
+    return phi, zT
+
+
+def abc_step(q, k, v, w, state=None, *, scale=None):
+    """One decoding step of `abc`: w [B, H, m] slot logits; state (K̃ᵀ, Ṽ, log Σ exp w) or None."""
+    if state is None:
+        h, z = None, w.float() if w.dtype != torch.float64 else w
+    else:
+        h, z = state[:2], torch.logaddexp(state[2], w.to(state[2].dtype))
+    phi = (w.to(z.dtype) - z).exp()
+    o, S = gsa_step(q, k, v, phi, None, h, scale=scale)
+    return o, S + (z,)
+

@@ -1,0 +1,72 @@
+"""Normalized linear attention (paper 001), kernel f(x) = a + b x, causal (Eq. 4):
+
+    o_i = Σ_{n<=i} (a + b q_i·k_n) v_n  /  Σ_{n<=i} (a + b q_i·k_n)
+
+with optional row-wise L2 normalization of q and k first (Eq. 22).
+
+One core call gives numerator and denominator together: q' = [b q, a], k' = [k, 1], v' = [v, 1] make
+q'_i·k'_n = a + b q_i·k_n, so column j < V of the output is the numerator and the last column the
+denominator (scale 1). This is the augmentation of DESIGN §3 with a, b moved entirely to the query
+side (no square roots: a, b may be zero or negative and their gradients stay finite). The state is
+S = Σ k'_n v'_nᵀ [B, H, K+1, V+1] (Σ k vᵀ, Σ k, Σ vᵀ, count), independent of a and b, so a and b can
+change between calls; memory stays O(T·D).
+
+The denominator. With qk_l2_norm=True, |q_i·k_n| <= 1, so for a > |b| every term is at least a − |b| > 0
+and the denominator is >= (a − |b|)·i (plus what an initial state adds). Other combinations can reach
+zero; there the denominator's magnitude is clamped to at least `eps`, keeping its sign (a zero counts
+as positive). The clamp changes nothing when a > |b| with L2 norm (and no initial state cancelling it),
+as long as (a − |b|) >= eps."""
+import torch
+import torch.nn.functional as F
+
+from ..core import linear_attention
+from ._common import recurrent_step
+
+
+def _coef(x, like):
+    """a or b (float or tensor of shape [] or [H]) -> broadcastable to [..., H, 1] in like's dtype."""
+    x = torch.as_tensor(x, dtype=like.dtype, device=like.device)
+    if x.dim() == 0:
+        return x.view(1)
+    if x.dim() != 1 or x.shape[0] != like.shape[-2]:
+        raise ValueError(f"a and b must be floats, 0-d tensors or [H] tensors with H = {like.shape[-2]}, "
+                         f"got shape {tuple(x.shape)}")
+    return x.unsqueeze(-1)
+
+
+def _augment(q, k, v, a, b, qk_l2_norm):
+    if qk_l2_norm:
+        q, k = F.normalize(q, dim=-1), F.normalize(k, dim=-1)
+    a, b = _coef(a, q), _coef(b, q)
+    qa = torch.cat([b * q, a.expand(*q.shape[:-1], 1)], -1)
+    ka = torch.cat([k, torch.ones_like(k[..., :1])], -1)
+    va = torch.cat([v, torch.ones_like(v[..., :1])], -1)
+    return qa, ka, va
+
+
+def _divide(o, eps):
+    num, den = o[..., :-1], o[..., -1:]
+    den = torch.where(den >= 0, den.clamp_min(eps), den.clamp_max(-eps))
+    return num / den
+
+
+def normalized_linear_attention(q, k, v, a=1.0, b=1.0, *, qk_l2_norm=True, eps=1e-6, initial_state=None,
+                                output_final_state=False, cu_seqlens=None, chunk_size=64, backend="auto"):
+    """Causal linear attention with kernel a + b x and normalization (paper 001, Eq. 4 and 22).
+
+    q, k [B, T, H, K]; v [B, T, H, V]; a, b floats or tensors ([] or [H], learnable: gradients flow).
+    No `scale` argument: b is the scale of q·k. initial_state / final state [B, H, K+1, V+1] float32
+    (see the module docstring for its layout). Returns (o [B, T, H, V], final state or None)."""
+    qa, ka, va = _augment(q, k, v, a, b, qk_l2_norm)
+    o, S = linear_attention(qa, ka, va, scale=1.0, initial_state=initial_state,
+                            output_final_state=output_final_state, cu_seqlens=cu_seqlens,
+                            chunk_size=chunk_size, backend=backend)
+    return _divide(o, eps), S
+
+
+def normalized_linear_attention_step(q, k, v, a=1.0, b=1.0, state=None, *, qk_l2_norm=True, eps=1e-6):
+    """One decoding step: q, k [B, H, K], v [B, H, V], state [B, H, K+1, V+1] or None.
+    Returns (o [B, H, V], new state)."""
+    qa, ka, va = _augment(q, k, v, a, b, qk_l2_norm)
+    o, S = recurrent_step(qa, ka, va, None, None, state, 1.0)
+    return _divide(o, eps), S
