@@ -84,3 +84,9 @@ def chunk_recurrence_triton(q, k, v, gl=None, gr=None, *, scale=1.0, initial_sta
     if reverse and (gl is not None or gr is not None):
         final = _final_decay(final, gl, gr, cu_seqlens)
     return o, final, border
+
+
+# A constant decay's gradient is one sum over all B*T steps of q dq - k dk, terms that cancel; with half-precision
+# matmul operands in the dQ and dK passes that sum loses ~1e-2 (seen on an H100 in bfloat16). autograd.py then
+# runs those two passes on float32 copies (float32 matmuls, no tf32) when a constant decay needs its gradient.
+chunk_recurrence_triton.constant_decay_grad_dtype = torch.float32

@@ -34,12 +34,16 @@ def _offdiag(q_base, k_base, v_base, b_base, c_base, rows, mi, js, ce, vc, mv, K
         qt = tl.load(q_base + ri[:, None] * K + kc[None, :], mask=mi[:, None] & mk[None, :], other=0.0).to(tl.float32)
         kt = tl.load(k_base + rj[:, None] * K + kc[None, :], mask=mj[:, None] & mk[None, :], other=0.0).to(tl.float32)
         if VEC and HAS_B:
-            bcols = kc if DB > 1 else kc * 0
-            br = tl.load(b_base + r.to(tl.int64) * H * DB + bcols, mask=mk, other=0.0)
-            bq = tl.load(b_base + ri[:, None] * DB + bcols[None, :], mask=mi[:, None] & mk[None, :], other=0.0)
-            bk = tl.load(b_base + rj[:, None] * DB + bcols[None, :], mask=mj[:, None] & mk[None, :], other=0.0)
-            qt = qt * tl.exp(tl.where(mi[:, None], bq - br[None, :], float("-inf")))
-            kt = kt * tl.exp(tl.where(mj[:, None], br[None, :] - bk, float("-inf")))
+            if DB > 1:
+                br = tl.load(b_base + r.to(tl.int64) * H * DB + kc, mask=mk, other=0.0)[None, :]
+                bq = tl.load(b_base + ri[:, None] * DB + kc[None, :], mask=mi[:, None] & mk[None, :], other=0.0)
+                bk = tl.load(b_base + rj[:, None] * DB + kc[None, :], mask=mj[:, None] & mk[None, :], other=0.0)
+            else:  # scalar left decay next to a right decay: [BT, 1] columns, broadcast over K
+                br = tl.load(b_base + r.to(tl.int64) * H * DB)
+                bq = tl.load(b_base + ri * DB, mask=mi, other=0.0)[:, None]
+                bk = tl.load(b_base + rj * DB, mask=mj, other=0.0)[:, None]
+            qt = qt * tl.exp(tl.where(mi[:, None], bq - br, float("-inf")))
+            kt = kt * tl.exp(tl.where(mj[:, None], br - bk, float("-inf")))
         A += mm(qt, tl.trans(kt), DOT)
     if HAS_B and not VEC:
         bi = tl.load(b_base + ri * DB, mask=mi, other=0.0)
@@ -75,8 +79,10 @@ def _diag(q_base, k_base, v_base, b_base, c_base, rows, mi, vc, mv, K, V, H,
         qt = tl.load(q_base + ri[:, None] * K + kc[None, :], mask=mik, other=0.0).to(tl.float32)
         kt = tl.load(k_base + ri[:, None] * K + kc[None, :], mask=mik, other=0.0).to(tl.float32)
         if VEC and HAS_B:
-            bcols = kc if DB > 1 else kc * 0
-            bq = tl.load(b_base + ri[:, None] * DB + bcols[None, :], mask=mik, other=0.0)
+            if DB > 1:
+                bq = tl.load(b_base + ri[:, None] * DB + kc[None, :], mask=mik, other=0.0)
+            else:
+                bq = tl.load(b_base + ri * DB, mask=mi, other=0.0)[:, None]
             d = tl.where(m[:, :, None], bq[:, None, :] - bq[None, :, :], float("-inf"))
             A += tl.sum(qt[:, None, :] * kt[None, :, :] * tl.exp(d), 2)
         else:
@@ -145,8 +151,10 @@ def _output_kernel(q, k, v, b, c, border, h0, o, cu, chunk_seq, chunk_start, T, 
             mik = mi[:, None] & mk[None, :]
             qt = tl.load(q_base + ri[:, None] * K + kc[None, :], mask=mik, other=0.0).to(tl.float32)
             if HAS_B:
-                bcols = kc if DB > 1 else kc * 0
-                qt = qt * tl.exp(tl.load(b_base + ri[:, None] * DB + bcols[None, :], mask=mik, other=0.0))
+                if DB > 1:
+                    qt = qt * tl.exp(tl.load(b_base + ri[:, None] * DB + kc[None, :], mask=mik, other=0.0))
+                else:
+                    qt = qt * tl.exp(tl.load(b_base + ri * DB, mask=mi, other=0.0))[:, None]
             kv_off = kc[:, None] * V + vc[None, :]
             mkv = mk[:, None] & mv[None, :]
             if REVERSE:

@@ -36,7 +36,6 @@ def _state_kernel(k, v, b, c, h0, border, final, cu, chunk_offset, T, H, K, V, N
     v_base = v + row0 * V
     b_base = b + i_b.to(tl.int64) * sb_b + i_h * DB
     c_base = c + i_b.to(tl.int64) * sc_b + i_h * V
-    bcols = kc if DB > 1 else kc * 0  # a scalar decay is read once per row and broadcast over K
     kv_off = kc[:, None] * V + vc[None, :]
     bord_base = border + ((i_b.to(tl.int64) * H + i_h) * NC + c0) * K * V
     S = tl.zeros([BK, BV], dtype=tl.float32)
@@ -55,8 +54,12 @@ def _state_kernel(k, v, b, c, h0, border, final, cu, chunk_offset, T, H, K, V, N
         else:
             e_row = ce - 1
         if HAS_B:
-            b_end = tl.load(b_base + e_row.to(tl.int64) * H * DB + bcols, mask=mk, other=0.0)
-            S = S * tl.exp(b_end)[:, None]
+            if DB > 1:
+                b_end = tl.load(b_base + e_row.to(tl.int64) * H * DB + kc, mask=mk, other=0.0)
+                S = S * tl.exp(b_end)[:, None]
+            else:  # a scalar decay: one value per step, broadcast over K
+                b_end = tl.load(b_base + e_row.to(tl.int64) * H * DB)
+                S = S * tl.exp(b_end)
         if HAS_C:
             c_end = tl.load(c_base + e_row.to(tl.int64) * H * V + vc, mask=mv, other=0.0)
             S = S * tl.exp(c_end)[None, :]
@@ -69,8 +72,12 @@ def _state_kernel(k, v, b, c, h0, border, final, cu, chunk_offset, T, H, K, V, N
             vt = tl.load(v_base + r64[:, None] * V + vc[None, :], mask=mr[:, None] & mv[None, :],
                          other=0.0).to(tl.float32)
             if HAS_B:
-                bt = tl.load(b_base + r64[:, None] * DB + bcols[None, :], mask=mr[:, None] & mk[None, :], other=0.0)
-                kt = kt * tl.exp(tl.where(mr[:, None], b_end[None, :] - bt, float("-inf")))
+                if DB > 1:
+                    bt = tl.load(b_base + r64[:, None] * DB + kc[None, :], mask=mr[:, None] & mk[None, :], other=0.0)
+                    kt = kt * tl.exp(tl.where(mr[:, None], b_end[None, :] - bt, float("-inf")))
+                else:
+                    bt = tl.load(b_base + r64 * DB, mask=mr, other=0.0)
+                    kt = kt * tl.exp(tl.where(mr, b_end - bt, float("-inf")))[:, None]
             if HAS_C:
                 ct = tl.load(c_base + r64[:, None] * V + vc[None, :], mask=mr[:, None] & mv[None, :], other=0.0)
                 vt = vt * tl.exp(tl.where(mr[:, None], c_end[None, :] - ct, float("-inf")))

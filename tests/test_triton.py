@@ -1,0 +1,161 @@
+"""The Triton backend (ula/core/triton) against autograd through the float64 reference: forward and every
+gradient (the backward calls the same kernels with roles swapped), every decay kind, right decay, odd lengths,
+K != V (non-powers of two by masking), chunk sizes 16..256, both directions, states, varlen, float32/float16.
+Without a GPU the kernels run through Triton's interpreter (tests/conftest.py), so shapes stay small."""
+import pytest
+import torch
+
+pytest.importorskip("triton")
+
+import ula  # noqa: E402
+from helpers import KINDS, compare_with_reference, fresh_seed, make_inputs  # noqa: E402
+from ula.core.autograd import canonical_left  # noqa: E402
+from ula.core.chunk_torch import chunk_recurrence  # noqa: E402
+from ula.core.reference import reference_linear_attention  # noqa: E402
+from ula.core.triton import chunk_recurrence_triton  # noqa: E402
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+TOL32, TOL16 = 1e-4, 1e-2
+
+
+def _check(errs, seed, tol=TOL32):
+    bad = {k: f"{v:.2e}" for k, v in errs.items() if not v <= tol}
+    assert not bad, f"relative errors over {tol}: {bad} (seed {seed})"
+
+
+def _triton(chunk):
+    return lambda *a, **kw: ula.linear_attention(*a, chunk_size=chunk, backend="triton", **kw)
+
+
+def _on(inputs, dtype=None):
+    out = []
+    for i, x in enumerate(inputs):
+        if x is not None:
+            x = x.to(DEVICE)
+            if dtype is not None and i < 3:
+                x = x.to(dtype)
+        out.append(x)
+    return tuple(out)
+
+
+# (T, chunk, K, V, reverse): odd lengths, K != V, both directions, chunk 16/32/64
+CASES = [(37, 16, 16, 24, False), (100, 32, 32, 12, True), (1, 64, 16, 16, True), (100, 64, 16, 24, False)]
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: "T{}-C{}-K{}-V{}-{}".format(*c[:4], "rev" if c[4] else "fwd"))
+@pytest.mark.parametrize("right", [False, True], ids=["left", "right"])
+@pytest.mark.parametrize("kind", KINDS)
+def test_forward_and_gradients(kind, right, case):
+    T, chunk, K, V, reverse = case
+    seed = fresh_seed()
+    inputs = _on(make_inputs(kind, right, 2, T, 2, K, V))
+    _check(compare_with_reference(_triton(chunk), inputs, reverse=reverse), seed)
+
+
+@pytest.mark.parametrize("chunk", [128, 256])
+@pytest.mark.parametrize("kind", ["scalar", "vector"])
+def test_large_chunks_tiled(kind, chunk):
+    """Chunks larger than one tile: the intra-chunk matrix is walked in key blocks."""
+    seed = fresh_seed()
+    inputs = _on(make_inputs(kind, kind == "vector", 1, 300, 1, 16, 16))
+    _check(compare_with_reference(_triton(chunk), inputs, reverse=chunk == 256), seed)
+
+
+@pytest.mark.parametrize("reverse", [False, True], ids=["fwd", "rev"])
+@pytest.mark.parametrize("right", [False, True], ids=["left", "right"])
+@pytest.mark.parametrize("kind", KINDS)
+def test_varlen(kind, right, reverse):
+    seed = fresh_seed()
+    lens = torch.randint(1, 50, (3,))
+    lens[0] = 17  # never all equal
+    lens[1] = 33
+    cu = torch.cat([torch.zeros(1, dtype=torch.long), lens.cumsum(0)])
+    T = int(cu[-1])
+    inputs = _on(make_inputs(kind, right, 1, T, 2, 16, 12, N=3))
+    _check(compare_with_reference(_triton(16), inputs, cu_seqlens=cu.to(DEVICE), reverse=reverse), seed)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_without_states(kind):
+    seed = fresh_seed()
+    inputs = _on(make_inputs(kind, False, 2, 45, 2, 16, 16, h0=False))
+    _check(compare_with_reference(_triton(32), inputs, final=False), seed)
+
+
+@pytest.mark.parametrize("right", [False, True], ids=["left", "right"])
+@pytest.mark.parametrize("kind", KINDS)
+def test_float16(kind, right):
+    seed = fresh_seed()
+    inputs = _on(make_inputs(kind, right, 1, 70, 2, 16, 24), torch.float16)
+    _check(compare_with_reference(_triton(32), inputs, reverse=kind == "scalar"), seed, TOL16)
+
+
+def test_bfloat16_runs():
+    seed = fresh_seed()
+    inputs = _on(make_inputs("vector", True, 1, 40, 1, 16, 16), torch.bfloat16)
+    errs = compare_with_reference(_triton(16), inputs)
+    _check({k: v for k, v in errs.items() if k == "o"}, seed, 2e-2)
+
+
+def test_extreme_decays_stay_finite():
+    """Log decays from 0 down to -1e4 per step: no inf or NaN, and equal to the reference."""
+    seed = fresh_seed()
+    q, k, v, _, _, s0 = make_inputs("none", False, 1, 77, 1, 16, 16)
+    ld = -torch.rand(1, 77, 1, 16) * 1e4 * (torch.rand(1, 77, 1, 16) < 0.3)
+    ld[:, :5] = 0.0
+    rd = -torch.rand(1, 77, 1, 16) * 1e4 * (torch.rand(1, 77, 1, 16) < 0.1)
+    _check(compare_with_reference(_triton(16), _on((q, k, v, ld, rd, s0))), seed)
+
+
+def test_noncontiguous_inputs():
+    seed = fresh_seed()
+    q, k, v, ld, rd, s0 = make_inputs("vector", False, 1, 33, 2, 16, 16)
+    q, k, v = (x.transpose(1, 2).contiguous().transpose(1, 2) for x in (q, k, v))
+    assert not q.is_contiguous()
+    _check(compare_with_reference(_triton(16), _on((q, k, v, ld, rd, s0))), seed)
+
+
+@pytest.mark.parametrize("varlen", [False, True], ids=["batch", "varlen"])
+@pytest.mark.parametrize("reverse", [False, True], ids=["fwd", "rev"])
+@pytest.mark.parametrize("kind", KINDS)
+def test_direct_call_border_states(kind, reverse, varlen):
+    """chunk_recurrence_triton itself: border states equal the PyTorch chunk path's, o and the final state equal
+    the float64 reference."""
+    seed = fresh_seed()
+    B, T = (1, 53) if varlen else (2, 40)
+    cu = torch.tensor([0, 17, 50, 53]) if varlen else None
+    q, k, v, ld, rd, s0 = make_inputs(kind, True, B, T, 2, 16, 24, N=3 if varlen else None)
+    gl = canonical_left(ld, T)
+    scale = 0.3
+    args = _on((q, k, v, gl, rd, s0))
+    cu_d = None if cu is None else cu.to(DEVICE)
+    o, S, border = chunk_recurrence_triton(*args[:5], scale=scale, initial_state=args[5], cu_seqlens=cu_d,
+                                           reverse=reverse, chunk_size=16)
+    o_t, S_t, border_t = chunk_recurrence(q, k, v, gl, rd, scale=scale, initial_state=s0, cu_seqlens=cu,
+                                          reverse=reverse, chunk_size=16)
+    assert o.dtype == S.dtype == border.dtype == torch.float32
+    assert border.shape == border_t.shape
+    err = ((border.cpu().double() - border_t.double()).norm() / border_t.double().norm()).item()
+    assert err <= TOL32, f"border states: {err:.2e} (seed {seed})"
+    o_ref, S_ref = reference_linear_attention(*(None if x is None else x.double() for x in (q, k, v, ld, rd)),
+                                              scale=scale, initial_state=s0.double(), output_final_state=True,
+                                              cu_seqlens=cu, reverse=reverse)
+    for name, x, ref in (("o", o, o_ref), ("final", S, S_ref)):
+        e = ((x.cpu().double() - ref).norm() / ref.norm()).item()
+        assert e <= TOL32, f"{name}: {e:.2e} (seed {seed})"
+
+
+def test_expanded_constant_decay_and_scalar_right_decay():
+    """A constant decay arrives as an expanded [1, T, H, 1] view; a trailing-1 right decay moves to the left."""
+    seed = fresh_seed()
+    q, k, v, _, _, s0 = make_inputs("none", False, 2, 30, 2, 16, 16)
+    ld = torch.nn.functional.logsigmoid(torch.randn(2) + 2)
+    gl = canonical_left(ld, 30)
+    gr = torch.nn.functional.logsigmoid(torch.randn(2, 30, 2, 1) + 3)
+    for reverse in (False, True):
+        args = _on((q, k, v, gl, gr, s0))
+        o, S, _ = chunk_recurrence_triton(*args[:5], initial_state=args[5], reverse=reverse, chunk_size=16)
+        o_t, S_t, _ = chunk_recurrence(q, k, v, gl, gr, initial_state=s0, reverse=reverse, chunk_size=16)
+        for x, ref in ((o, o_t), (S, S_t)):
+            e = ((x.cpu().double() - ref.double()).norm() / ref.double().norm()).item()
+            assert e <= TOL32, f"{e:.2e} (seed {seed}, reverse {reverse})"
