@@ -54,21 +54,21 @@ def measure(fn, args):
     return t_f, t_fb, (torch.cuda.max_memory_allocated() - base) / 2**20
 
 
-def ours(kind, B, T, H, K, V):
+def ours(kind, B, T, H, K, V, C=None):
     r = lambda *s, sc=1.0: (torch.randn(*s, device=dev, dtype=dt) * sc).requires_grad_()  # noqa: E731
     q, k, v = r(B, T, H, K, sc=K ** -0.5), r(B, T, H, K, sc=K ** -0.5), r(B, T, H, V)
     if kind == "none":
-        return (lambda q, k, v: ula.linear_attention(q, k, v)[0]), [q, k, v]
+        return (lambda q, k, v: ula.linear_attention(q, k, v, chunk_size=C)[0]), [q, k, v]
     if kind == "constant":
         g = (-torch.arange(1, H + 1, device=dev, dtype=torch.float32) / H)
-        return (lambda q, k, v: ula.linear_attention(q, k, v, g)[0]), [q, k, v]
+        return (lambda q, k, v: ula.linear_attention(q, k, v, g, chunk_size=C)[0]), [q, k, v]
     if kind == "scalar":  # mLSTMsig: input gate folded into k, forget gate as the scalar log decay
         i = (torch.randn(B, T, H, device=dev, dtype=dt) - 2).requires_grad_()
         f = (torch.randn(B, T, H, device=dev, dtype=dt) + 4).requires_grad_()
         return (lambda q, k, v, i, f: ula.linear_attention(q, k * torch.sigmoid(i).unsqueeze(-1), v,
-                                                           F.logsigmoid(f.float()))[0]), [q, k, v, i, f]
+                                                           F.logsigmoid(f.float()), chunk_size=C)[0]), [q, k, v, i, f]
     g = F.logsigmoid(torch.randn(B, T, H, K, device=dev, dtype=torch.float32) + 4).requires_grad_()
-    return (lambda q, k, v, g: ula.linear_attention(q, k, v, g)[0]), [q, k, v, g]
+    return (lambda q, k, v, g: ula.linear_attention(q, k, v, g, chunk_size=C)[0]), [q, k, v, g]
 
 
 def peer_rows(names, shape):
@@ -91,6 +91,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--shapes", default="2,8192,16,128,128;8,2048,16,128,128")
     ap.add_argument("--kinds", default="none,constant,scalar,vector")
+    ap.add_argument("--chunks", default="", help="comma-separated chunk sizes to time besides the default")
     ap.add_argument("--peers", action="store_true", help="also run the peer kernels (slow: fla autotunes ~2 min per op)")
     a = ap.parse_args()
     meta = dict(device=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
@@ -102,15 +103,18 @@ def main():
         tag = "B{}_T{}_H{}_K{}_V{}".format(*shape)
         kinds = a.kinds.split(",")
         for kind in kinds:
-            torch.cuda.empty_cache()
-            try:
-                fn, args = ours(kind, *shape)
-                f, fb, mem = measure(fn, args)
-                rows.append(dict(kernel=f"ula_{kind}", kind=kind, shape=tag, fwd_ms=f, fwdbwd_ms=fb, peak_mib=mem))
-            except Exception as e:  # keep going: one failure must not hide the other numbers
-                rows.append(dict(kernel=f"ula_{kind}", kind=kind, shape=tag, error=repr(e)[:300]))
-            print(json.dumps(rows[-1]), flush=True)
-            del fn, args
+            for C in [None] + [int(c) for c in a.chunks.split(",") if c]:
+                name = f"ula_{kind}" + (f"_c{C}" if C else "")
+                torch.cuda.empty_cache()
+                fn = args = None
+                try:
+                    fn, args = ours(kind, *shape, C=C)
+                    f, fb, mem = measure(fn, args)
+                    rows.append(dict(kernel=name, kind=kind, shape=tag, chunk=C, fwd_ms=f, fwdbwd_ms=fb, peak_mib=mem))
+                except Exception as e:  # keep going: one failure must not hide the other numbers
+                    rows.append(dict(kernel=name, kind=kind, shape=tag, error=repr(e)[:300]))
+                print(json.dumps(rows[-1]), flush=True)
+                del fn, args
         if a.peers:
             for r in peer_rows([p for kd in kinds for p in PEERS[kd]], shape):
                 r["kind"] = next(kd for kd in kinds if r["kernel"] in PEERS[kd])

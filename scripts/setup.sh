@@ -22,7 +22,7 @@ fi
 missing=$("$VPY" - <<'PYEOF'
 import importlib.util as u
 need = {"numpy": "numpy", "tqdm": "tqdm", "pytest": "pytest", "hypothesis": "hypothesis",
-        "matplotlib": "matplotlib", "safetensors": "safetensors"}
+        "matplotlib": "matplotlib", "safetensors": "safetensors", "transformers": "transformers"}
 print(" ".join(p for m, p in need.items() if u.find_spec(m) is None))
 PYEOF
 )

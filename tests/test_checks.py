@@ -38,8 +38,8 @@ CASES = [
     ("scale nan", dict(scale=float("nan")), TypeError, "scale must be a finite number"),
     ("state shape", dict(initial_state=torch.randn(B, H, V, K)), ValueError, "initial_state must be [B, H, K, V]"),
     ("state dtype", dict(initial_state=torch.randn(B, H, K, V).half()), TypeError, "initial_state must be float32"),
-    ("chunk size", dict(chunk_size=48), ValueError, "chunk_size must be a power of two"),
-    ("chunk size small", dict(chunk_size=8), ValueError, "chunk_size must be a power of two"),
+    ("chunk size", dict(chunk_size=48), ValueError, "or a power of two from 16 to 1024"),
+    ("chunk size small", dict(chunk_size=8), ValueError, "or a power of two from 16 to 1024"),
     ("backend", dict(backend="cuda"), ValueError, "backend must be one of"),
 ]
 

@@ -41,30 +41,41 @@ class LinearAttentionFunction(torch.autograd.Function):
         gl = canonical_left(ld, T)
         dt = torch.float64 if q.dtype == torch.float64 else torch.float32
         dos = do.to(dt) * scale
-        if (ld is not None and ctx.needs_input_grad[3]) or (rd is not None and ctx.needs_input_grad[4]):
+        need_ld = ld is not None and ctx.needs_input_grad[3]
+        need_rd = rd is not None and ctx.needs_input_grad[4]
+        if need_ld or need_rd:
             # decay gradients sum q dq - k dk inside each chunk, and float32 loses digits in proportion
             # to the chunk length: a backend may ask for shorter chunks here (any length gives the same math)
             C = min(C, getattr(F, "decay_grad_chunk", C))
         kw = dict(scale=1.0, cu_seqlens=cu, chunk_size=C)
         # a constant decay's gradient is one sum over all B*T steps of q dq - k dk, terms that cancel: a
-        # backend may ask for those two passes in float64 (the PyTorch path does; float32 loses ~1e-5 there)
-        wide = getattr(F, "constant_decay_grad_dtype", None) if (ld is not None and ld.dim() == 1
-                                                                and ctx.needs_input_grad[3]) else None
+        # backend may ask for those two passes in a wider dtype (float64 on the PyTorch path, where float32
+        # loses ~1e-5; float32 matmuls on the Triton path, where bfloat16 operands lose ~1e-2)
+        wide = getattr(F, "constant_decay_grad_dtype", None) if (need_ld and ld.dim() == 1) else None
         w = (lambda x: None if x is None else x.to(wide)) if wide is not None else (lambda x: x)  # noqa: E731
+        # the border states are kept only for the decay gradients; each pass's other outputs are dropped at once
         dq, _, A_q = F(w(dos), w(v), w(k), rd, gl, initial_state=w(_t(h0)), reverse=rev, **kw)
-        dk, _, _ = F(w(v), w(dos), w(q), rd, gl, initial_state=w(_t(dS)), reverse=not rev, **kw)
+        if not (need_ld or need_rd):
+            dq, A_q = dq.to(q.dtype), None
+        dk = F(w(v), w(dos), w(q), rd, gl, initial_state=w(_t(dS)), reverse=not rev, **kw)[0]
+        if not need_ld:
+            dk = dk.to(k.dtype)
         dv, dh0, A_v = F(k, q, dos, gl, rd, initial_state=dS, reverse=not rev, **kw)
+        del dos
         dld = drd = None
-        if (ld is not None and ctx.needs_input_grad[3]) or (rd is not None and ctx.needs_input_grad[4]):
+        if need_ld or need_rd:
             # the dQ pass carries the forward states (transposed), the dV pass their gradients
             A, A_rev = (A_v, _t(A_q)) if rev else (_t(A_q), A_v)
             layout = chunk_layout(T, C, cu, q.device)
             X_left, X_right = border_sums(A, A_rev, gl, rd, layout)
             del A, A_rev, A_q, A_v
             sign = -1.0 if rev else 1.0
-            if ld is not None and ctx.needs_input_grad[3]:
-                dld = log_decay_grad(q, dq, k, dk, sign, X_left, layout, ld.shape).to(ld.dtype)
-            if rd is not None and ctx.needs_input_grad[4]:
-                drd = log_decay_grad(o, do, v, dv, sign, X_right, layout, rd.shape).to(rd.dtype)
+            grad_fn = getattr(F, "log_decay_grad", log_decay_grad)
+            if need_ld:
+                dld = grad_fn(q, dq, k, dk, sign, X_left, layout, ld.shape).to(ld.dtype)
+            if need_rd:
+                drd = grad_fn(o, do, v, dv, sign, X_right, layout, rd.shape).to(rd.dtype)
+        else:
+            del A_v
         dh0 = dh0.to(h0.dtype) if h0 is not None else None
         return (dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), dld, drd, dh0) + (None,) * 6

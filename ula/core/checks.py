@@ -65,9 +65,10 @@ def check_linear_attention(q, k, v, ld, rd, scale, initial_state, cu_seqlens, ch
             raise TypeError(f"initial_state must be float32 (states are kept in float32), got {initial_state.dtype}")
         if initial_state.device != q.device:
             raise ValueError(f"initial_state must be on the device of q ({q.device}), got {initial_state.device}")
-    if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 16 or chunk_size > 1024 \
-            or chunk_size & (chunk_size - 1):
-        raise ValueError(f"chunk_size must be a power of two from 16 to 1024, got {chunk_size!r}")
+    if chunk_size is not None and (isinstance(chunk_size, bool) or not isinstance(chunk_size, int)
+                                   or chunk_size < 16 or chunk_size > 1024 or chunk_size & (chunk_size - 1)):
+        raise ValueError(f"chunk_size must be None (chosen per backend) or a power of two from 16 to 1024, "
+                         f"got {chunk_size!r}")
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
 

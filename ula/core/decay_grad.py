@@ -15,22 +15,24 @@ import torch
 
 
 def chunk_layout(T, C, cu_seqlens, device):
-    """Chunks start at each sequence's first step. Returns (ends, inner): exclusive end of every chunk
-    [n], and whether a chunk of the same sequence follows it [n]."""
-    starts = [0, T] if cu_seqlens is None else cu_seqlens.tolist()
-    ends, inner = [], []
-    for s, e in zip(starts, starts[1:]):
+    """Chunks start at each sequence's first step. Returns (starts, ends, inner): first step and exclusive
+    end of every chunk [n], and whether a chunk of the same sequence follows it [n]."""
+    bounds = [0, T] if cu_seqlens is None else cu_seqlens.tolist()
+    starts, ends, inner = [], [], []
+    for s, e in zip(bounds, bounds[1:]):
         for c0 in range(s, e, C):
+            starts.append(c0)
             ends.append(min(c0 + C, e))
             inner.append(c0 + C < e)
-    return torch.tensor(ends, device=device), torch.tensor(inner, device=device)
+    as_t = lambda x, dt: torch.tensor(x, device=device, dtype=dt)  # noqa: E731
+    return as_t(starts, torch.int32), as_t(ends, torch.int32), as_t(inner, torch.bool)
 
 
 def border_sums(A, A_rev, gl, gr, layout):
     """X for the left decay [B, H, n, K] (sum over V) and the right decay [B, H, n, V] (sum over K) of
     A ⊙ Ã with the decays of the step after each chunk: X_left = λ ⊙ ((A ⊙ Ã) γ), X_right = γ ⊙ (λ (A ⊙ Ã))."""
-    ends, inner = layout
-    nxt = torch.where(inner, ends, torch.zeros_like(ends))
+    _, ends, inner = layout
+    nxt = torch.where(inner, ends, torch.zeros_like(ends)).long()
     P = A * A_rev  # [B, H, n, K, V]
 
     def step_after(g):  # decay of the step after each chunk, 1 at the end of a sequence: [B|1, H, n, D]
@@ -56,7 +58,7 @@ def log_decay_grad(a, da, x, dx, sign, X, layout, shape):
 
     a, da, x, dx: [B, T, H, D]; X: border sums [B, H, n, D]; shape: the decay's own shape
     ([H], [B, T, H] or [B, T, H, D])."""
-    ends, _ = layout
+    ends = layout[1].long()
     db = sign * (a.double() * da.double() - x.double() * dx.double())
     db[:, ends - 1] += X.transpose(1, 2)
     # reverse cumsum restarting at every chunk: global reverse cumsum (float64) minus its value past the chunk

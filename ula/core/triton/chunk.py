@@ -8,6 +8,7 @@ import torch
 import triton
 
 from .cumsum import chunk_cumsum
+from .decay_grad import log_decay_grad_triton
 from .output import chunk_output
 from .state import chunk_states
 from .utils import dot_code
@@ -90,3 +91,6 @@ def chunk_recurrence_triton(q, k, v, gl=None, gr=None, *, scale=1.0, initial_sta
 # matmul operands in the dQ and dK passes that sum loses ~1e-2 (seen on an H100 in bfloat16). autograd.py then
 # runs those two passes on float32 copies (float32 matmuls, no tf32) when a constant decay needs its gradient.
 chunk_recurrence_triton.constant_decay_grad_dtype = torch.float32
+
+# The log-decay gradients of the backward (autograd.py) run as one kernel on the GPU.
+chunk_recurrence_triton.log_decay_grad = log_decay_grad_triton

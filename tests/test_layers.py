@@ -1,0 +1,163 @@
+"""The token mixers of ula.layers: chunk path == recurrent steps, chunked continuation, varlen,
+gradients, fixed-size states, and the paper-given shapes of the GLA, GSA and mLSTM layers."""
+import pytest
+import torch
+
+from helpers import fresh_seed, rel
+from ula.layers import LINEAR_MIXERS, MIXERS, build_mixer, softcap
+
+D, H = 32, 4
+SMALL = {"gsa": dict(num_slots=8), "mamba2": dict(d_state=8)}
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    """Tiny tensors: one intra-op thread is faster and, on a busy 2-core machine, avoids spinning threads."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+def make(name, **kw):
+    return build_mixer(name, D, H, chunk_size=16, **{**SMALL.get(name, {}), **kw})
+
+
+def tensors(x):
+    if isinstance(x, torch.Tensor):
+        return [x]
+    return [t for y in (x or ()) for t in tensors(y)]
+
+
+def test_registry():
+    assert set(MIXERS) == {"gla", "gsa", "mlstm_exp", "mlstm_sig", "linear", "retnet", "mamba2", "hgrn2",
+                           "normalized", "softmax"}
+    with pytest.raises(ValueError, match="unknown mixer"):
+        build_mixer("nope", D, H)
+
+
+@pytest.mark.parametrize("name", list(MIXERS))
+def test_step_equals_chunk(name):
+    seed = fresh_seed()
+    m = make(name)
+    x = torch.randn(2, 40, D)
+    with torch.no_grad():
+        y, S = m(x)
+        st, ys = None, []
+        for t in range(x.shape[1]):
+            yt, st = m.step(x[:, t], st)
+            ys.append(yt)
+        ys = torch.stack(ys, 1)
+    assert rel(ys, y) <= 1e-4, f"{name} seed {seed}: steps vs chunk {rel(ys, y):.2e}"
+    for a, b in zip(tensors(st), tensors(S)):
+        assert rel(a, b) <= 1e-4, f"{name} seed {seed}: final states differ"
+
+
+@pytest.mark.parametrize("name", list(MIXERS))
+def test_chunk_continuation(name):
+    """forward on a prefix, then forward on the rest from the returned state == one forward."""
+    seed = fresh_seed()
+    m = make(name)
+    x = torch.randn(2, 37, D)
+    with torch.no_grad():
+        y, _ = m(x)
+        y1, S1 = m(x[:, :21])
+        y2, _ = m(x[:, 21:], S1)
+    assert rel(torch.cat([y1, y2], 1), y) <= 1e-4, f"{name} seed {seed}"
+
+
+@pytest.mark.parametrize("name", list(MIXERS))
+def test_varlen_equals_separate(name):
+    seed = fresh_seed()
+    m = make(name)
+    lens = [13, 30, 5]
+    xs = [torch.randn(1, n, D) for n in lens]
+    cu = torch.tensor([0, 13, 43, 48])
+    with torch.no_grad():
+        yv, Sv = m(torch.cat(xs, 1), cu_seqlens=cu)
+        ys = torch.cat([m(x)[0] for x in xs], 1)
+    assert rel(yv, ys) <= 1e-4, f"{name} seed {seed}"
+    if name != "softmax":
+        assert all(t.shape[0] == 3 for t in tensors(Sv)), "one state per packed sequence"
+
+
+@pytest.mark.parametrize("name", list(MIXERS))
+def test_gradients_reach_every_parameter(name):
+    fresh_seed()
+    m = make(name)
+    x = torch.randn(2, 20, D, requires_grad=True)
+    y, _ = m(x)
+    (y ** 2).mean().backward()
+    for pname, p in m.named_parameters():
+        assert p.grad is not None, f"{name}.{pname} got no gradient"
+        assert torch.isfinite(p.grad).all(), f"{name}.{pname} has a non-finite gradient"
+        assert p.grad.abs().sum() > 0, f"{name}.{pname} has an all-zero gradient"
+    assert torch.isfinite(x.grad).all() and x.grad.abs().sum() > 0
+
+
+@pytest.mark.parametrize("name", LINEAR_MIXERS)
+def test_state_size_fixed(name):
+    m = make(name)
+    x = torch.randn(1, 30, D)
+    with torch.no_grad():
+        _, S = m(x[:, :3])
+        n0 = sum(t.numel() for t in tensors(S))
+        for t in range(3, 30):
+            _, S = m.step(x[:, t], S)
+    assert sum(t.numel() for t in tensors(S)) == n0
+
+
+def test_softmax_cache_grows():
+    m = make("softmax")
+    with torch.no_grad():
+        _, S = m(torch.randn(1, 3, D))
+        _, S = m.step(torch.randn(1, D), S)
+    assert S[0].shape[2] == 4
+
+
+def test_gla_layer_shapes():
+    m = build_mixer("gla", 64, 4)
+    assert m.q_proj.out_features == 32 and m.k_proj.out_features == 32 and m.v_proj.out_features == 64  # d/2, d
+    assert m.gk_down.out_features == 16 and m.gk_up.out_features == 32 and m.tau == 16.0
+    x = torch.randn(1, 3, 64)
+    g = m._inputs(x)[3]
+    ref = torch.nn.functional.logsigmoid(m.gk_up(m.gk_down(x))) / 16
+    assert torch.allclose(g.flatten(-2), ref)
+    assert (g < 0).all()
+
+
+def test_gsa_layer_shapes():
+    m = build_mixer("gsa", 64, 4)
+    assert m.num_slots == 64 and m.n_heads == 4 and m.tau == 8.0
+    assert m.f_proj.out_features == 4 * 64
+    with torch.no_grad():
+        _, (S1, S2) = m(torch.randn(1, 5, 64))
+    assert S1.shape == (1, 4, 16, 64) and S2.shape == (1, 4, 64, 16)
+
+
+@pytest.mark.parametrize("variant", ["exp", "sig"])
+def test_mlstm_layer_shapes(variant):
+    m = build_mixer(f"mlstm_{variant}", 64, 4)
+    assert m.variant == variant and m.d_qk == m.d_v // 2
+    assert torch.all(m.i_proj.bias == -10.0)
+    assert m.gate_softcap == 15.0
+    x = 1e3 * torch.randn(1, 4, 64)
+    i = m._inputs(x)[3]
+    assert i.abs().max() <= 15.0
+
+
+def test_softcap():
+    x = torch.tensor([-1e4, -1.0, 0.0, 2.0, 1e4])
+    y = softcap(x, 15.0)
+    assert torch.allclose(y, 15 * torch.tanh(x / 15)) and y.abs().max() <= 15
+    assert softcap(x, None) is x
+
+
+def test_normalized_learnable_ab_and_retnet_learnable_decay():
+    for name, kw, pnames in (("normalized", dict(learnable_ab=True), {"a", "b"}),
+                             ("retnet", dict(learn_decay=True), {"decay_logit"})):
+        m = make(name, **kw)
+        y, _ = m(torch.randn(1, 20, D))
+        y.sum().backward()
+        grads = {n: p.grad for n, p in m.named_parameters() if n in pnames}
+        assert set(grads) == pnames and all(g is not None and torch.isfinite(g).all() for g in grads.values())

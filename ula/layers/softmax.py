@@ -1,0 +1,74 @@
+"""Softmax attention baseline (causal, PyTorch SDPA) with rotary position embeddings and a KV cache.
+
+    q, k, v = W_q x, W_k x, W_v x  (RoPE on q, k),   o = softmax(q kᵀ / √D + causal mask) v,   y = W_o o
+The state is the KV cache (k [B, H, L, D], v [B, H, L, D]) after rotation: it grows with L, unlike the
+linear mixers. With cu_seqlens (B == 1 packed) attention stays inside each sequence, positions restart
+per sequence, and no cache is returned (state must be None there)."""
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from ._base import Mixer, check_divisible, merge_heads, split_heads
+
+
+def rope(x, pos, base):
+    """Rotate-half rotary embedding. x [B, T, H, D], pos [T] or [B, T] (int)."""
+    D = x.shape[-1]
+    inv = 1.0 / (base ** (torch.arange(0, D, 2, device=x.device, dtype=torch.float32) / D))
+    ang = pos.to(torch.float32)[..., None] * inv          # [.., T, D/2]
+    cos, sin = ang.cos(), ang.sin()
+    if cos.dim() == 2:
+        cos, sin = cos[None], sin[None]
+    cos, sin = cos[:, :, None, :], sin[:, :, None, :]   # [B|1, T, 1, D/2]
+    x1, x2 = x.float().chunk(2, -1)
+    return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], -1).to(x.dtype)
+
+
+class SoftmaxAttentionLayer(Mixer):
+    def __init__(self, d_model, n_heads=4, *, rope_base=10000.0, use_rope=True, chunk_size=64, backend="auto"):
+        super().__init__()
+        check_divisible("d_model", d_model, n_heads)
+        self.d_model, self.n_heads, self.rope_base, self.use_rope = d_model, n_heads, rope_base, use_rope
+        self.chunk_size, self.backend = chunk_size, backend
+        self.q_proj = nn.Linear(d_model, d_model, bias=False)
+        self.k_proj = nn.Linear(d_model, d_model, bias=False)
+        self.v_proj = nn.Linear(d_model, d_model, bias=False)
+        self.o_proj = nn.Linear(d_model, d_model, bias=False)
+
+    def forward(self, x, state=None, cu_seqlens=None):
+        B, T, _ = x.shape
+        H = self.n_heads
+        q, k, v = (split_heads(p(x), H) for p in (self.q_proj, self.k_proj, self.v_proj))
+        L = 0 if state is None else state[0].shape[2]
+        if cu_seqlens is not None:
+            if state is not None:
+                raise ValueError("SoftmaxAttentionLayer: a KV cache cannot be combined with cu_seqlens")
+            cu = cu_seqlens.to(device=x.device, dtype=torch.long)
+            seq = torch.repeat_interleave(torch.arange(cu.numel() - 1, device=x.device), cu[1:] - cu[:-1])
+            pos = torch.arange(T, device=x.device) - cu[:-1][seq]
+            idx = torch.arange(T, device=x.device)
+            mask = (seq[:, None] == seq[None, :]) & (idx[:, None] >= idx[None, :])
+        else:
+            pos = torch.arange(L, L + T, device=x.device)
+            mask = None
+        if self.use_rope:
+            q, k = rope(q, pos, self.rope_base), rope(k, pos, self.rope_base)
+        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)   # [B, H, T, D]
+        if state is not None:
+            k, v = torch.cat([state[0], k], 2), torch.cat([state[1], v], 2)
+        if mask is not None:
+            o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        elif L == 0:
+            o = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        elif T == 1:
+            o = F.scaled_dot_product_attention(q, k, v)
+        else:
+            i = torch.arange(T, device=x.device)[:, None] + L
+            j = torch.arange(L + T, device=x.device)[None, :]
+            o = F.scaled_dot_product_attention(q, k, v, attn_mask=j <= i)
+        y = self.o_proj(merge_heads(o.transpose(1, 2)))
+        return y, (None if cu_seqlens is not None else (k, v))
+
+    def step(self, x, state=None):
+        y, S = self.forward(x.unsqueeze(1), state)
+        return y.squeeze(1), S
