@@ -23,59 +23,54 @@ def _t(x):
     return None if x is None else x.transpose(-1, -2)
 
 
-class LinearAttentionFunction(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, q, k, v, ld, rd, h0, scale, cu_seqlens, reverse, chunk_size, output_final_state, F):
-        T = q.shape[1]
-        o, S, _ = F(q, k, v, canonical_left(ld, T), rd, scale=scale, initial_state=h0, cu_seqlens=cu_seqlens,
-                 reverse=reverse, chunk_size=chunk_size)
-        ctx.cfg = (scale, cu_seqlens, reverse, chunk_size, F)
-        ctx.save_for_backward(q, k, v, ld, rd, h0, o if rd is not None else None)
-        return o.to(v.dtype), (S.to(h0.dtype if h0 is not None else torch.float32) if output_final_state else None)
+def forward_pass(F, q, k, v, ld, rd, h0, scale, cu_seqlens, reverse, chunk_size):
+    """O = F(Q, K, V, L, R, rev). Returns o (compute dtype) and the final state (compute dtype)."""
+    o, S, _ = F(q, k, v, canonical_left(ld, q.shape[1]), rd, scale=scale, initial_state=h0,
+                cu_seqlens=cu_seqlens, reverse=reverse, chunk_size=chunk_size)
+    return o, S
 
-    @staticmethod
-    def backward(ctx, do, dS):
-        q, k, v, ld, rd, h0, o = ctx.saved_tensors
-        scale, cu, rev, C, F = ctx.cfg
-        T = q.shape[1]
-        gl = canonical_left(ld, T)
-        dt = torch.float64 if q.dtype == torch.float64 else torch.float32
-        dos = do.to(dt) * scale
-        need_ld = ld is not None and ctx.needs_input_grad[3]
-        need_rd = rd is not None and ctx.needs_input_grad[4]
-        if need_ld or need_rd:
-            # decay gradients sum q dq - k dk inside each chunk, and float32 loses digits in proportion
-            # to the chunk length: a backend may ask for shorter chunks here (any length gives the same math)
-            C = min(C, getattr(F, "decay_grad_chunk", C))
-        kw = dict(scale=1.0, cu_seqlens=cu, chunk_size=C)
-        # a constant decay's gradient is one sum over all B*T steps of q dq - k dk, terms that cancel: a
-        # backend may ask for those two passes in a wider dtype (float64 on the PyTorch path, where float32
-        # loses ~1e-5; float32 matmuls on the Triton path, where bfloat16 operands lose ~1e-2)
-        wide = getattr(F, "constant_decay_grad_dtype", None) if (need_ld and ld.dim() == 1) else None
-        w = (lambda x: None if x is None else x.to(wide)) if wide is not None else (lambda x: x)  # noqa: E731
-        # the border states are kept only for the decay gradients; each pass's other outputs are dropped at once
-        dq, _, A_q = F(w(dos), w(v), w(k), rd, gl, initial_state=w(_t(h0)), reverse=rev, **kw)
-        if not (need_ld or need_rd):
-            dq, A_q = dq.to(q.dtype), None
-        dk = F(w(v), w(dos), w(q), rd, gl, initial_state=w(_t(dS)), reverse=not rev, **kw)[0]
-        if not need_ld:
-            dk = dk.to(k.dtype)
-        dv, dh0, A_v = F(k, q, dos, gl, rd, initial_state=dS, reverse=not rev, **kw)
-        del dos
-        dld = drd = None
-        if need_ld or need_rd:
-            # the dQ pass carries the forward states (transposed), the dV pass their gradients
-            A, A_rev = (A_v, _t(A_q)) if rev else (_t(A_q), A_v)
-            layout = chunk_layout(T, C, cu, q.device)
-            X_left, X_right = border_sums(A, A_rev, gl, rd, layout)
-            del A, A_rev, A_q, A_v
-            sign = -1.0 if rev else 1.0
-            grad_fn = getattr(F, "log_decay_grad", log_decay_grad)
-            if need_ld:
-                dld = grad_fn(q, dq, k, dk, sign, X_left, layout, ld.shape).to(ld.dtype)
-            if need_rd:
-                drd = grad_fn(o, do, v, dv, sign, X_right, layout, rd.shape).to(rd.dtype)
-        else:
-            del A_v
-        dh0 = dh0.to(h0.dtype) if h0 is not None else None
-        return (dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), dld, drd, dh0) + (None,) * 6
+
+def backward_pass(F, q, k, v, ld, rd, h0, o, do, dS, scale, cu, rev, C, need_ld, need_rd):
+    """dQ, dK, dV by the same F with roles swapped, d initial state from the dV pass, decay gradients in
+    closed form. o (the forward output in the compute dtype) is needed only for a right decay; dS may be
+    None. Returns (dq, dk, dv, dld, drd, dh0) in the dtypes of their inputs (None where not needed)."""
+    T = q.shape[1]
+    gl = canonical_left(ld, T)
+    dt = torch.float64 if q.dtype == torch.float64 else torch.float32
+    dos = do.to(dt) * scale
+    if need_ld or need_rd:
+        # decay gradients sum q dq - k dk inside each chunk, and float32 loses digits in proportion
+        # to the chunk length: a backend may ask for shorter chunks here (any length gives the same math)
+        C = min(C, getattr(F, "decay_grad_chunk", C))
+    kw = dict(scale=1.0, cu_seqlens=cu, chunk_size=C)
+    # a constant decay's gradient is one sum over all B*T steps of q dq - k dk, terms that cancel: a
+    # backend may ask for those two passes in a wider dtype (float64 on the PyTorch path, where float32
+    # loses ~1e-5; float32 matmuls on the Triton path, where bfloat16 operands lose ~1e-2)
+    wide = getattr(F, "constant_decay_grad_dtype", None) if (need_ld and ld.dim() == 1) else None
+    w = (lambda x: None if x is None else x.to(wide)) if wide is not None else (lambda x: x)  # noqa: E731
+    # the border states are kept only for the decay gradients; each pass's other outputs are dropped at once
+    dq, _, A_q = F(w(dos), w(v), w(k), rd, gl, initial_state=w(_t(h0)), reverse=rev, **kw)
+    if not (need_ld or need_rd):
+        dq, A_q = dq.to(q.dtype), None
+    dk = F(w(v), w(dos), w(q), rd, gl, initial_state=w(_t(dS)), reverse=not rev, **kw)[0]
+    if not need_ld:
+        dk = dk.to(k.dtype)
+    dv, dh0, A_v = F(k, q, dos, gl, rd, initial_state=dS, reverse=not rev, **kw)
+    del dos
+    dld = drd = None
+    if need_ld or need_rd:
+        # the dQ pass carries the forward states (transposed), the dV pass their gradients
+        A, A_rev = (A_v, _t(A_q)) if rev else (_t(A_q), A_v)
+        layout = chunk_layout(T, C, cu, q.device)
+        X_left, X_right = border_sums(A, A_rev, gl, rd, layout)
+        del A, A_rev, A_q, A_v
+        sign = -1.0 if rev else 1.0
+        grad_fn = getattr(F, "log_decay_grad", log_decay_grad)
+        if need_ld:
+            dld = grad_fn(q, dq, k, dk, sign, X_left, layout, ld.shape).to(ld.dtype)
+        if need_rd:
+            drd = grad_fn(o, do, v, dv, sign, X_right, layout, rd.shape).to(rd.dtype)
+    else:
+        del A_v
+    dh0 = dh0.to(h0.dtype) if h0 is not None else None
+    return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), dld, drd, dh0

@@ -94,3 +94,14 @@ chunk_recurrence_triton.constant_decay_grad_dtype = torch.float32
 
 # The log-decay gradients of the backward (autograd.py) run as one kernel on the GPU.
 chunk_recurrence_triton.log_decay_grad = log_decay_grad_triton
+
+
+def _pick_chunk(ld, rd):
+    """Default chunk size, measured on an H100 in bfloat16 at B=2 T=8192 H=16 K=V=128
+    (benchmarks/results/core_vs_peers_h100_*.json): 128 is fastest and leaner without per-feature decays;
+    with them the intra-chunk work grows with the chunk and 64 is fastest."""
+    per_feature = (ld is not None and ld.dim() == 4) or rd is not None
+    return 64 if per_feature else 128
+
+
+chunk_recurrence_triton.pick_chunk = _pick_chunk

@@ -1,0 +1,21 @@
+"""Which implementation of the chunk function F runs: Triton kernels on CUDA, the PyTorch path elsewhere."""
+import os
+
+from .chunk_torch import chunk_recurrence
+
+
+def chunk_fn(backend, device):
+    """F for backend "auto" | "torch" | "triton" on this device."""
+    if backend == "torch" or (backend == "auto" and device.type != "cuda"):
+        return chunk_recurrence
+    try:
+        from .triton import chunk_recurrence_triton
+    except ImportError as e:
+        if backend == "triton":
+            raise RuntimeError(f"backend='triton' needs Triton kernels, which could not be loaded ({e}); "
+                               "use backend='torch'") from e
+        return chunk_recurrence
+    if device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
+        raise RuntimeError(f"backend='triton' needs CUDA tensors (got {device}); set TRITON_INTERPRET=1 "
+                           "before importing ula to run the kernels on the CPU, or use backend='torch'")
+    return chunk_recurrence_triton

@@ -1,0 +1,81 @@
+"""The core op registered with torch.library, so that models calling it compile with
+torch.compile(fullgraph=True): the forward and the backward are opaque custom ops with fake (meta)
+implementations for tracing; the backward is wired with register_autograd.
+
+Custom ops cannot return None: absent optional outputs are empty tensors here and become None outside."""
+from typing import List, Optional, Tuple
+
+import torch
+from torch import Tensor
+
+from .autograd import backward_pass, forward_pass
+from .backends import chunk_fn
+
+_EMPTY = (0,)
+
+
+def _state_dtype(q):
+    return torch.float64 if q.dtype == torch.float64 else torch.float32
+
+
+@torch.library.custom_op("ula::linear_attention_fwd", mutates_args=())
+def linear_attention_fwd(q: Tensor, k: Tensor, v: Tensor, ld: Optional[Tensor], rd: Optional[Tensor],
+                         h0: Optional[Tensor], cu_seqlens: Optional[Tensor], scale: float, reverse: bool,
+                         chunk_size: int, backend: str) -> Tuple[Tensor, Tensor, Tensor]:
+    """Returns (o in the dtype of v, final state float32/float64, o in the compute dtype if rd is given
+    (the right-decay gradient needs it) else an empty tensor)."""
+    F = chunk_fn(backend, q.device)
+    o, S = forward_pass(F, q, k, v, ld, rd, h0, scale, cu_seqlens, reverse, chunk_size)
+    # outputs contiguous (as the fake implementation says) and not aliasing each other
+    out = o.to(v.dtype).contiguous()
+    o_keep = (o.clone() if out.data_ptr() == o.data_ptr() else o.contiguous()) if rd is not None else o.new_empty(_EMPTY)
+    return out, S.to(_state_dtype(q)).contiguous(), o_keep
+
+
+@linear_attention_fwd.register_fake
+def _(q, k, v, ld, rd, h0, cu_seqlens, scale, reverse, chunk_size, backend):
+    B, T, H, K = q.shape
+    V = v.shape[-1]
+    N = B if cu_seqlens is None else cu_seqlens.shape[0] - 1
+    dt = _state_dtype(q)
+    o_keep = q.new_empty((B, T, H, V), dtype=dt) if rd is not None else q.new_empty(_EMPTY, dtype=dt)
+    return q.new_empty((B, T, H, V), dtype=v.dtype), q.new_empty((N, H, K, V), dtype=dt), o_keep
+
+
+@torch.library.custom_op("ula::linear_attention_bwd", mutates_args=())
+def linear_attention_bwd(q: Tensor, k: Tensor, v: Tensor, ld: Optional[Tensor], rd: Optional[Tensor],
+                         h0: Optional[Tensor], o: Tensor, do: Tensor, dS: Optional[Tensor],
+                         cu_seqlens: Optional[Tensor], scale: float, reverse: bool, chunk_size: int, backend: str,
+                         need_ld: bool, need_rd: bool) -> List[Tensor]:
+    F = chunk_fn(backend, q.device)
+    grads = backward_pass(F, q, k, v, ld, rd, h0, o if o.numel() else None, do, dS, scale, cu_seqlens, reverse,
+                          chunk_size, need_ld, need_rd)
+    return [g.contiguous() if g is not None else q.new_empty(_EMPTY) for g in grads]
+
+
+@linear_attention_bwd.register_fake
+def _(q, k, v, ld, rd, h0, o, do, dS, cu_seqlens, scale, reverse, chunk_size, backend, need_ld, need_rd):
+    like = lambda x, need=True: x.new_empty(x.shape) if (x is not None and need) else q.new_empty(_EMPTY)  # noqa: E731
+    return [like(q), like(k), like(v), like(ld, need_ld), like(rd, need_rd), like(h0)]
+
+
+def _setup_context(ctx, inputs, output):
+    q, k, v, ld, rd, h0, cu_seqlens, scale, reverse, chunk_size, backend = inputs
+    ctx.save_for_backward(q, k, v, ld, rd, h0, output[2], cu_seqlens)
+    ctx.cfg = (scale, reverse, chunk_size, backend)
+
+
+def _backward(ctx, do, dS, _do_keep):
+    q, k, v, ld, rd, h0, o, cu = ctx.saved_tensors
+    scale, reverse, chunk_size, backend = ctx.cfg
+    need_ld = ld is not None and ctx.needs_input_grad[3]
+    need_rd = rd is not None and ctx.needs_input_grad[4]
+    g = linear_attention_bwd(q, k, v, ld, rd, h0, o, do.contiguous(), dS, cu, scale, reverse, chunk_size, backend,
+                             need_ld, need_rd)
+    dld = g[3] if need_ld else None
+    drd = g[4] if need_rd else None
+    dh0 = g[5] if h0 is not None else None
+    return g[0], g[1], g[2], dld, drd, dh0, None, None, None, None, None
+
+
+linear_attention_fwd.register_autograd(_backward, setup_context=_setup_context)
