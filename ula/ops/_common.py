@@ -1,6 +1,8 @@
 """Helpers shared by the families: the one-token recurrent step, gate dtypes, packed <-> padded layout."""
 import torch
 
+from ._checks import check_float, check_step_qkv, check_step_state
+
 
 def state_dtype(x):
     """States are float32, float64 only for float64 inputs (as in the core)."""
@@ -14,6 +16,21 @@ def recurrent_step(q, k, v, ld=None, rd=None, state=None, scale=None):
 
     q, k [B, H, K]; v [B, H, V]; ld None / [H] / [B, H] / [B, H, K]; rd None / [B, H, V];
     state [B, H, K, V] or None (zeros). Returns (o [B, H, V] with the dtype of v, new state)."""
+    op = "recurrent_step"
+    check_step_qkv(op, q, k, v)
+    B, H, K = q.shape
+    if ld is not None:
+        shapes = {1: ((H,), "[H]"), 2: ((B, H), "[B, H]"), 3: ((B, H, K), "[B, H, K]")}
+        shape, what = shapes.get(ld.dim() if isinstance(ld, torch.Tensor) else 3, shapes[3])
+        check_float(op, "ld", ld, shape, what + " (None, [H], [B, H] or [B, H, K])")
+    if rd is not None:
+        check_float(op, "rd", rd, (B, H, v.shape[-1]), "None or [B, H, V]")
+    check_step_state(op, state, (B, H, K, v.shape[-1]))
+    return _step(q, k, v, ld, rd, state, scale)
+
+
+def _step(q, k, v, ld=None, rd=None, state=None, scale=None):
+    """recurrent_step without the checks (the ops check their own arguments, then call this)."""
     B, H, K = q.shape
     dt = state_dtype(q)
     scale = K ** -0.5 if scale is None else scale

@@ -5,20 +5,27 @@
 `g` is the log forget gate [B, T, H, K] (<= 0), e.g. logsigmoid(x W) / τ as in the GLA layer (§4.4).
 One call of the core with a vector left decay."""
 from ..core import linear_attention
-from ._common import decay_dtype, recurrent_step
+from ._checks import check_float, check_sequence, check_step_qkv, check_step_state
+from ._common import _step, decay_dtype
 
 
 def gla(q, k, v, g, *, scale=None, initial_state=None, output_final_state=False, cu_seqlens=None,
-        chunk_size=64, backend="auto"):
+        chunk_size=64, backend="auto", cp_group=None):
     """q, k [B, T, H, K]; v [B, T, H, V]; g [B, T, H, K] log forget gate (<= 0).
+    cp_group: context parallelism over a torch.distributed group (see ula/core/context_parallel.py).
     scale defaults to K ** -0.5. States [B, H, K, V] float32 ([N, H, K, V] with cu_seqlens).
     Returns (o [B, T, H, V], final state or None)."""
+    check_sequence(q, k, v, None if cp_group is not None else cu_seqlens, chunk_size, backend, scale)
+    check_float("gla", "g", g, q.shape, "[B, T, H, K] (log forget gate, the shape of q)", log_gate=True)
     return linear_attention(q, k, v, g.to(decay_dtype(q)), scale=scale, initial_state=initial_state,
                             output_final_state=output_final_state, cu_seqlens=cu_seqlens,
-                            chunk_size=chunk_size, backend=backend)
+                            chunk_size=chunk_size, backend=backend, cp_group=cp_group)
 
 
 def gla_step(q, k, v, g, state=None, *, scale=None):
     """One decoding step: q, k, g [B, H, K], v [B, H, V], state [B, H, K, V] or None.
     Returns (o [B, H, V], new state)."""
-    return recurrent_step(q, k, v, g, None, state, scale)
+    check_step_qkv("gla_step", q, k, v)
+    check_float("gla_step", "g", g, q.shape, "[B, H, K] (log forget gate, the shape of q)")
+    check_step_state("gla_step", state, q.shape + v.shape[-1:])
+    return _step(q, k, v, g, None, state, scale)

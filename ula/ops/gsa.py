@@ -16,12 +16,38 @@ Arguments: g = log α [B, T, H, m] (<= 0) and s [B, T, H, m] the write strengths
 import torch
 
 from ..core import linear_attention
-from ._common import PackedLayout, decay_dtype, recurrent_step
+from ._checks import (check_float, check_sequence, check_state_tuple, check_step_qkv, num_sequences)
+from ._common import PackedLayout, _step, decay_dtype
+
+
+def _check_gsa(op, q, v, s, g, state, N, dim, step, n_state=2, s_name="s"):
+    """s, g [B, (T,) H, m]; state (K̃ᵀ [N, H, K, m], Ṽ [N, H, m, V] (, log Σ exp w [N, H, m]))."""
+    if s is None and g is None:
+        if s_name != "s":
+            raise TypeError(f"{op}: {s_name} (slot logits) must be a [B, (T,) H, m] tensor, got None")
+        raise ValueError(f"{op} needs the log forget gate g, the write strengths s, or both")
+    lead = tuple(q.shape[:-1])
+    what = "[B, H, m]" if step else "[B, T, H, m]"
+    name, ref = (s_name, s) if s is not None else ("g", g)
+    if not isinstance(ref, torch.Tensor):
+        raise TypeError(f"{op}: {name} must be a {what} floating-point torch.Tensor, got {type(ref).__name__}")
+    if ref.dim() != len(lead) + 1 or tuple(ref.shape[:-1]) != lead:
+        raise ValueError(f"{op}: {name} must be {what} (m slots) with {what[1:-4]} = {lead} as in q, "
+                         f"got shape {tuple(ref.shape)}")
+    m = ref.shape[-1]
+    if s is not None:
+        check_float(op, s_name, s, lead + (m,), what + " (m slots)")
+    if g is not None:
+        check_float(op, "g", g, lead + (m,), what + " (log forget gate, m slots)" +
+                    (", the shape of s" if s is not None else ""), log_gate=not step)
+    if state is not None:
+        H, K, V = q.shape[-2], q.shape[-1], v.shape[-1]
+        parts = [("K̃ᵀ", (N, H, K, m), f"[{dim}, H, K, m]"), ("Ṽ", (N, H, m, V), f"[{dim}, H, m, V]"),
+                 ("log Σ exp w", (N, H, m), f"[{dim}, H, m]")]
+        check_state_tuple(op, state, parts[:n_state])
 
 
 def _prep(q, s, g):
-    if s is None and g is None:
-        raise ValueError("gsa needs the log forget gate g, the write strengths s, or both")
     if g is not None:
         g = g.to(decay_dtype(q))
     if s is None:
@@ -42,6 +68,9 @@ def gsa(q, k, v, s=None, g=None, *, scale=None, initial_state=None, output_final
     """Gated Slot Attention (see the module docstring). q, k [B, T, H, K]; v [B, T, H, V];
     s, g [B, T, H, m]. States (K̃ᵀ [B, H, K, m], Ṽ [B, H, m, V]) float32 ([N, ...] with cu_seqlens).
     Returns (o [B, T, H, V], final state tuple or None)."""
+    check_sequence(q, k, v, cu_seqlens, chunk_size, backend, scale)
+    _check_gsa("gsa", q, v, s, g, initial_state, num_sequences(q, cu_seqlens), "B" if cu_seqlens is None else "N",
+               False)
     s, g = _prep(q, s, g)
     h1, h2 = _split(initial_state)
     kw = dict(output_final_state=output_final_state, cu_seqlens=cu_seqlens, chunk_size=chunk_size,
@@ -55,11 +84,17 @@ def gsa(q, k, v, s=None, g=None, *, scale=None, initial_state=None, output_final
 def gsa_step(q, k, v, s=None, g=None, state=None, *, scale=None):
     """One decoding step: q, k [B, H, K], v [B, H, V], s, g [B, H, m]; state (K̃ᵀ, Ṽ) or None.
     Returns (o [B, H, V], new state)."""
+    check_step_qkv("gsa_step", q, k, v)
+    _check_gsa("gsa_step", q, v, s, g, state, q.shape[0], "B", True)
+    return _gsa_step(q, k, v, s, g, state, scale)
+
+
+def _gsa_step(q, k, v, s, g, state, scale):
     s, g = _prep(q, s, g)
     h1, h2 = _split(state)
-    o1, S1 = recurrent_step(q, k, s, None, g, h1, scale)
+    o1, S1 = _step(q, k, s, None, g, h1, scale)
     p = torch.softmax(o1.to(decay_dtype(q)), -1).to(q.dtype)
-    o, S2 = recurrent_step(p, s, v, g, None, h2, 1.0)
+    o, S2 = _step(p, s, v, g, None, h2, 1.0)
     return o, (S1, S2)
 
 
@@ -69,6 +104,9 @@ def abc(q, k, v, w, *, scale=None, initial_state=None, output_final_state=False,
     logits w [B, T, H, m], then `gsa(q, k, v, s=φ, g=None)`. The cumulative softmax restarts with each
     sequence; its running log-normalizer log Σ exp(w) [B, H, m] is a third state (None = nothing before).
     States (K̃ᵀ, Ṽ, log Σ exp w). Returns (o, final state tuple or None)."""
+    check_sequence(q, k, v, cu_seqlens, chunk_size, backend, scale)
+    _check_gsa("abc", q, v, w, None, initial_state, num_sequences(q, cu_seqlens), "B" if cu_seqlens is None else "N",
+               False, 3, "w")
     h1 = h2 = z0 = None
     if initial_state is not None:
         h1, h2, z0 = initial_state
@@ -93,11 +131,13 @@ def _cumulative_softmax(w, z0, layout):
 
 def abc_step(q, k, v, w, state=None, *, scale=None):
     """One decoding step of `abc`: w [B, H, m] slot logits; state (K̃ᵀ, Ṽ, log Σ exp w) or None."""
+    check_step_qkv("abc_step", q, k, v)
+    _check_gsa("abc_step", q, v, w, None, state, q.shape[0], "B", True, 3, "w")
     if state is None:
         h, z = None, w.float() if w.dtype != torch.float64 else w
     else:
         h, z = state[:2], torch.logaddexp(state[2], w.to(state[2].dtype))
     phi = (w.to(z.dtype) - z).exp()
-    o, S = gsa_step(q, k, v, phi, None, h, scale=scale)
+    o, S = _gsa_step(q, k, v, phi, None, h, scale)
     return o, S + (z,)
 

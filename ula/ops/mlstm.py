@@ -40,17 +40,33 @@ import torch
 import torch.nn.functional as F
 
 from ..core import linear_attention
-from ._common import PackedLayout, decay_dtype, recurrent_step, state_dtype
+from ._checks import check_float, check_sequence, check_state_tuple, check_step_qkv, num_sequences
+from ._common import PackedLayout, _step, decay_dtype, state_dtype
 
 VARIANTS = ("exp", "sig")
 
 
-def _check_gates(q, i, f):
-    B, T, H = q.shape[:3]
+def _check_variant(op, variant):
+    if not isinstance(variant, str) or variant not in VARIANTS:
+        raise ValueError(f"{op}: variant must be one of {VARIANTS}, got {variant!r}")
+
+
+def _check_gates(op, shape, what, i, f):
     for name, x in (("i", i), ("f", f)):
-        if not isinstance(x, torch.Tensor) or tuple(x.shape) != (B, T, H):
-            got = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
-            raise ValueError(f"{name} (gate pre-activation) must be a [B, T, H] = {(B, T, H)} tensor, got {got}")
+        check_float(op, f"{name} (gate pre-activation)", x, shape, what)
+
+
+def _check_state(op, variant, state, N, H, K, V, dim="B"):
+    if state is None:
+        return
+    if variant == "sig":
+        if not isinstance(state, torch.Tensor):
+            raise TypeError(f"{op}: the state for variant='sig' must be one tensor C [{dim}, H, K, V] = "
+                            f"{(N, H, K, V)}, got {type(state).__name__}")
+        check_float(op, "state (C)", state, (N, H, K, V), f"[{dim}, H, K, V]")
+    else:
+        check_state_tuple(op, state, [("C", (N, H, K, V), f"[{dim}, H, K, V]"), ("n", (N, H, K), f"[{dim}, H, K]"),
+                                      ("m", (N, H), f"[{dim}, H]")])
 
 
 def _straight_through_nonpositive(x):
@@ -89,27 +105,33 @@ def _denominator(den, m, eps):
 
 
 def mlstm(q, k, v, i, f, variant="exp", *, eps=1e-6, scale=None, initial_state=None, output_final_state=False,
-          cu_seqlens=None, chunk_size=64, backend="auto"):
+          cu_seqlens=None, chunk_size=64, backend="auto", cp_group=None):
     """The mLSTM cell (paper 003) on the core; see the module docstring for the equations.
+    cp_group: context parallelism over a torch.distributed group, variant "sig" only (see
+    ula/core/context_parallel.py); "exp" raises NotImplementedError (its max state m would need its own scan).
 
     q, k [B, T, H, K]; v [B, T, H, V]; i, f [B, T, H] input and forget gate pre-activations.
     variant "exp" (exponential input gate, max and normalizer states) or "sig" (sigmoid input gate).
     scale defaults to K ** -0.5 (the paper's q / sqrt(d_qk)); eps only matters for "exp".
     States: "sig" C [B, H, K, V]; "exp" a tuple (C [B, H, K, V], n [B, H, K], m [B, H]), float32
     ([N, ...] with cu_seqlens). Returns (h [B, T, H, V], final state or None)."""
-    if variant not in VARIANTS:
-        raise ValueError(f"variant must be one of {VARIANTS}, got {variant!r}")
-    _check_gates(q, i, f)
+    _check_variant("mlstm", variant)
+    if cp_group is not None and variant == "exp":
+        raise NotImplementedError("mlstm: cp_group (context parallelism) supports variant='sig' only; "
+                                  "variant='exp' needs a cross-rank scan of its max state m, not implemented")
+    check_sequence(q, k, v, None if cp_group is not None else cu_seqlens, chunk_size, backend, scale)
+    _check_gates("mlstm", q.shape[:3], "[B, T, H]", i, f)
+    _check_state("mlstm", variant, initial_state, num_sequences(q, cu_seqlens), *q.shape[2:], v.shape[-1],
+                 "B" if cu_seqlens is None else "N")
     kw = dict(scale=scale, output_final_state=output_final_state, cu_seqlens=cu_seqlens, chunk_size=chunk_size,
               backend=backend)
     ddt = decay_dtype(q)
     if variant == "sig":
         ks = k * torch.sigmoid(i.to(ddt)).unsqueeze(-1).to(k.dtype)
-        return linear_attention(q, ks, v, F.logsigmoid(f.to(ddt)), initial_state=initial_state, **kw)
+        return linear_attention(q, ks, v, F.logsigmoid(f.to(ddt)), initial_state=initial_state, cp_group=cp_group,
+                                **kw)
     C0 = n0 = m0 = None
     if initial_state is not None:
-        if not (isinstance(initial_state, (tuple, list)) and len(initial_state) == 3):
-            raise ValueError("initial_state for variant='exp' must be a tuple (C [B, H, K, V], n [B, H, K], m [B, H])")
         C0, n0, m0 = initial_state
     layout = PackedLayout(cu_seqlens, q.shape[1], q.device)
     ldp, logw, m, mT = _exp_gates(i, f, m0, layout)
@@ -130,12 +152,14 @@ def mlstm(q, k, v, i, f, variant="exp", *, eps=1e-6, scale=None, initial_state=N
 def mlstm_step(q, k, v, i, f, state=None, variant="exp", *, eps=1e-6, scale=None):
     """One decoding step: q, k [B, H, K], v [B, H, V], i, f [B, H]; state as returned by `mlstm`
     (or None for zeros). Returns (h [B, H, V], new state)."""
-    if variant not in VARIANTS:
-        raise ValueError(f"variant must be one of {VARIANTS}, got {variant!r}")
+    _check_variant("mlstm_step", variant)
+    check_step_qkv("mlstm_step", q, k, v)
+    _check_gates("mlstm_step", q.shape[:2], "[B, H]", i, f)
+    _check_state("mlstm_step", variant, state, *q.shape, v.shape[-1])
     dt = state_dtype(q)
     if variant == "sig":
         ks = k * torch.sigmoid(i.to(dt)).unsqueeze(-1).to(k.dtype)
-        return recurrent_step(q, ks, v, F.logsigmoid(f.to(dt)), None, state, scale)
+        return _step(q, ks, v, F.logsigmoid(f.to(dt)), None, state, scale)
     B, H, K = q.shape
     if state is None:
         C0 = torch.zeros(B, H, K, v.shape[-1], dtype=dt, device=q.device)
@@ -151,7 +175,7 @@ def mlstm_step(q, k, v, i, f, state=None, variant="exp", *, eps=1e-6, scale=None
     ks = k * logw.exp().unsqueeze(-1).to(k.dtype)
     va = torch.cat([v, torch.ones_like(v[..., :1])], -1)
     S0 = torch.cat([C0, n0.unsqueeze(-1)], -1) * _one(m0).to(C0.dtype)[..., None, None]
-    o, S = recurrent_step(q, ks, va, ld.to(dt), None, S0, scale)
+    o, S = _step(q, ks, va, ld.to(dt), None, S0, scale)
     o = o * _one(-m).unsqueeze(-1).to(o.dtype)  # exp(m̂ - m)
     h = o[..., :-1] / _denominator(o[..., -1:], m.unsqueeze(-1), eps)
     S = S * _one(-m).to(S.dtype)[..., None, None]

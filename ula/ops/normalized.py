@@ -20,24 +20,31 @@ import torch
 import torch.nn.functional as F
 
 from ..core import linear_attention
-from ._common import recurrent_step
+from ._checks import check_sequence, check_step_qkv, check_step_state, num_sequences
+from ._common import _step
 
 
-def _coef(x, like):
+def _coef(name, x, like):
     """a or b (float or tensor of shape [] or [H]) -> broadcastable to [..., H, 1] in like's dtype."""
+    H = like.shape[-2]
+    if isinstance(x, bool) or not isinstance(x, (int, float, torch.Tensor)):
+        raise TypeError(f"normalized_linear_attention: {name} must be a float, a 0-d tensor or an [H] tensor "
+                        f"with H = {H}, got {type(x).__name__}")
+    if isinstance(x, torch.Tensor) and not x.is_floating_point():
+        raise TypeError(f"normalized_linear_attention: {name} must be a floating-point tensor, got {x.dtype}")
     x = torch.as_tensor(x, dtype=like.dtype, device=like.device)
     if x.dim() == 0:
         return x.view(1)
-    if x.dim() != 1 or x.shape[0] != like.shape[-2]:
-        raise ValueError(f"a and b must be floats, 0-d tensors or [H] tensors with H = {like.shape[-2]}, "
-                         f"got shape {tuple(x.shape)}")
+    if x.dim() != 1 or x.shape[0] != H:
+        raise ValueError(f"normalized_linear_attention: {name} must be a float, a 0-d tensor or an [H] tensor "
+                         f"with H = {H}, got shape {tuple(x.shape)}")
     return x.unsqueeze(-1)
 
 
 def _augment(q, k, v, a, b, qk_l2_norm):
+    a, b = _coef("a", a, q), _coef("b", b, q)
     if qk_l2_norm:
         q, k = F.normalize(q, dim=-1), F.normalize(k, dim=-1)
-    a, b = _coef(a, q), _coef(b, q)
     qa = torch.cat([b * q, a.expand(*q.shape[:-1], 1)], -1)
     ka = torch.cat([k, torch.ones_like(k[..., :1])], -1)
     va = torch.cat([v, torch.ones_like(v[..., :1])], -1)
@@ -57,6 +64,11 @@ def normalized_linear_attention(q, k, v, a=1.0, b=1.0, *, qk_l2_norm=True, eps=1
     q, k [B, T, H, K]; v [B, T, H, V]; a, b floats or tensors ([] or [H], learnable: gradients flow).
     No `scale` argument: b is the scale of q·k. initial_state / final state [B, H, K+1, V+1] float32
     (see the module docstring for its layout). Returns (o [B, T, H, V], final state or None)."""
+    check_sequence(q, k, v, cu_seqlens, chunk_size, backend)
+    if initial_state is not None:
+        N, _, H, K = (num_sequences(q, cu_seqlens),) + tuple(q.shape[1:])
+        check_step_state("normalized_linear_attention", initial_state, (N, H, K + 1, v.shape[-1] + 1),
+                         "[B, H, K + 1, V + 1] ([N, ...] with cu_seqlens)", name="initial_state")
     qa, ka, va = _augment(q, k, v, a, b, qk_l2_norm)
     o, S = linear_attention(qa, ka, va, scale=1.0, initial_state=initial_state,
                             output_final_state=output_final_state, cu_seqlens=cu_seqlens,
@@ -67,6 +79,9 @@ def normalized_linear_attention(q, k, v, a=1.0, b=1.0, *, qk_l2_norm=True, eps=1
 def normalized_linear_attention_step(q, k, v, a=1.0, b=1.0, state=None, *, qk_l2_norm=True, eps=1e-6):
     """One decoding step: q, k [B, H, K], v [B, H, V], state [B, H, K+1, V+1] or None.
     Returns (o [B, H, V], new state)."""
+    check_step_qkv("normalized_linear_attention_step", q, k, v)
+    check_step_state("normalized_linear_attention_step", state, q.shape[:2] + (q.shape[2] + 1, v.shape[-1] + 1),
+                     "[B, H, K + 1, V + 1]")
     qa, ka, va = _augment(q, k, v, a, b, qk_l2_norm)
-    o, S = recurrent_step(qa, ka, va, None, None, state, 1.0)
+    o, S = _step(qa, ka, va, None, None, state, 1.0)
     return _divide(o, eps), S

@@ -1,0 +1,165 @@
+"""Context parallelism on 2 GPUs (NCCL): time and peak memory, 1 GPU against 2, plus a 1M-token check.
+
+    OUT=/some/dir torchrun --standalone --nproc_per_node=2 benchmarks/gpu_context_parallel.py [--kinds scalar,vector]
+
+1. T = 262144, B = 1, H = 16, K = V = 128, bfloat16, forward + backward: the whole sequence on one GPU
+   (rank 0 alone, cp_group=None) against half of it on each of 2 GPUs (cp_group = the world); median of
+   timed repetitions (CUDA events, after a barrier), peak memory per GPU (torch.cuda.max_memory_allocated).
+2. T = 1048576 on 2 GPUs, forward + backward (time, peak memory, finite gradients), and the output on a
+   window across the rank boundary checked against the float64 reference run on that window from the state
+   that enters it (computed by a single-GPU no-grad forward over the prefix).
+Writes $OUT/gpu_context_parallel.json (rank 0); every section records its error instead of stopping.
+"""
+import argparse
+import datetime
+import json
+import os
+import statistics
+import sys
+import traceback
+
+os.environ["NCCL_NVLS_ENABLE"] = "0"  # before any NCCL init: no NVLink multicast on the lent machines
+os.environ["TORCH_SYMM_MEM_DISABLE_MULTICAST"] = "1"
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+import ula  # noqa: E402
+
+H, K, V = 16, 128, 128
+
+
+def make(kind, B, T, device, seed):
+    g = torch.Generator(device=device).manual_seed(seed)
+    q = torch.randn(B, T, H, K, device=device, generator=g, dtype=torch.bfloat16)
+    k = torch.randn(B, T, H, K, device=device, generator=g, dtype=torch.bfloat16) * K ** -0.5
+    v = torch.randn(B, T, H, V, device=device, generator=g, dtype=torch.bfloat16)
+    shape = {"none": None, "constant": (H,), "scalar": (B, T, H), "vector": (B, T, H, K)}[kind]
+    ld = None if shape is None else F.logsigmoid(torch.randn(shape, device=device, generator=g) + 4.0)
+    return q, k, v, ld
+
+
+def fwd_bwd(q, k, v, ld, group):
+    xs = [x.detach().requires_grad_() for x in (q, k, v)] + [None if ld is None else ld.detach().requires_grad_()]
+    o, _ = ula.linear_attention(*xs, cp_group=group)
+    o.backward(torch.ones_like(o))
+    return o, xs
+
+
+def timed(fn, reps, group=None):
+    for _ in range(2):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        if group is not None:
+            dist.barrier(group)
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        b.record()
+        torch.cuda.synchronize()
+        times.append(a.elapsed_time(b))
+    return statistics.median(times)
+
+
+def section(results, name, fn):
+    try:
+        results[name] = fn()
+    except Exception as e:  # record and go on (the other rank may be waiting at the next barrier)
+        results[name] = {"error": f"{type(e).__name__}: {e}", "trace": traceback.format_exc()[-2000:]}
+    torch.cuda.empty_cache()
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--kinds", default="scalar,vector")
+    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--T", type=int, default=262144)
+    ap.add_argument("--T_long", type=int, default=1048576)
+    args = ap.parse_args()
+    dist.init_process_group("nccl", timeout=datetime.timedelta(minutes=8))
+    rank, R = dist.get_rank(), dist.get_world_size()
+    local = int(os.environ.get("LOCAL_RANK", rank))
+    torch.cuda.set_device(local)
+    dev = torch.device("cuda", local)
+    world = dist.group.WORLD
+    res = {"world_size": R, "device": torch.cuda.get_device_name(dev), "torch": torch.__version__,
+           "shape": {"B": 1, "H": H, "K": K, "V": V, "dtype": "bfloat16"}, "runs": {}}
+    for kind in args.kinds.split(","):
+        T = args.T
+        # 1 GPU: rank 0 alone on the whole sequence
+        if rank == 0:
+            def one_gpu():
+                q, k, v, ld = make(kind, 1, T, dev, 0)
+                torch.cuda.reset_peak_memory_stats(dev)
+                ms = timed(lambda: fwd_bwd(q, k, v, ld, None), args.reps)
+                return {"T": T, "ms_fwd_bwd": ms, "peak_GiB": torch.cuda.max_memory_allocated(dev) / 2**30}
+            section(res["runs"], f"{kind}/1gpu/T={T}", one_gpu)
+        dist.barrier()
+
+        def cp(Tt):
+            def run():
+                q, k, v, ld = make(kind, 1, Tt, dev, 0)  # the same full inputs on every rank, then the slice
+                n = Tt // R
+                s, e = rank * n, (rank + 1) * n if rank < R - 1 else Tt
+                q, k, v = q[:, s:e].contiguous(), k[:, s:e].contiguous(), v[:, s:e].contiguous()
+                ld = ld[:, s:e].contiguous() if ld is not None and ld.dim() > 1 else ld
+                torch.cuda.empty_cache()
+                torch.cuda.reset_peak_memory_stats(dev)
+                ms = timed(lambda: fwd_bwd(q, k, v, ld, world), args.reps, world)
+                peak = torch.cuda.max_memory_allocated(dev) / 2**30
+                peaks = [None] * R
+                dist.all_gather_object(peaks, peak)
+                out = {"T": Tt, "ms_fwd_bwd": ms, "peak_GiB_per_gpu": peaks}
+                if Tt == args.T_long:
+                    out.update(check_long(kind, Tt, q, k, v, ld, s, dev, rank, R))
+                return out
+            return run
+        section(res["runs"], f"{kind}/{R}gpu/T={T}", cp(T))
+        dist.barrier()
+        section(res["runs"], f"{kind}/{R}gpu/T={args.T_long}", cp(args.T_long))
+        dist.barrier()
+    if rank == 0:
+        out = os.environ.get("OUT", ".")
+        os.makedirs(out, exist_ok=True)
+        path = os.path.join(out, "gpu_context_parallel.json")
+        with open(path, "w") as f:
+            json.dump(res, f, indent=1)
+        print(json.dumps(res, indent=1))
+    dist.destroy_process_group()
+
+
+def check_long(kind, T, q, k, v, ld, s, dev, rank, R, W=256):
+    """Gradients finite; and the output on a window [T/R - W, T/R + W) (across the first rank boundary)
+    against the float64 reference on the window, from the state entering it (single-GPU prefix forward)."""
+    o, xs = fwd_bwd(q, k, v, ld, dist.group.WORLD)
+    finite = all(bool(torch.isfinite(x.grad).all()) for x in xs if x is not None)
+    finite_all = [None] * R
+    dist.all_gather_object(finite_all, finite)
+    # the window's rows of the CP output, from the ranks that hold them
+    b = T // R
+    w0, w1 = b - W, b + W
+    mine = o.detach().float()[:, max(w0, s) - s:max(min(w1, s + o.shape[1]) - s, 0)].cpu()
+    parts = [None] * R
+    dist.all_gather_object(parts, (s, mine))
+    result = {"grads_finite_per_rank": finite_all}
+    if rank == 0:
+        got = torch.cat([p for st, p in sorted(parts, key=lambda x: x[0]) if p.shape[1] > 0], 1)
+        qf, kf, vf, ldf = make(kind, 1, T, dev, 0)
+        with torch.no_grad():
+            _, S = ula.linear_attention(qf[:, :w0], kf[:, :w0], vf[:, :w0],
+                                        ldf[:, :w0] if ldf is not None and ldf.dim() > 1 else ldf,
+                                        output_final_state=True)
+        sl = (lambda x: None if x is None else (x[:, w0:w1] if x.dim() > 1 else x))
+        o_ref, _ = ula.reference_linear_attention(sl(qf), sl(kf), sl(vf), sl(ldf), initial_state=S.cpu())
+        err = ((got.double() - o_ref).norm() / o_ref.norm()).item()
+        result.update({"window": [w0, w1], "rel_err_vs_reference": err, "ok": err < 2e-2 and all(finite_all)})
+        del qf, kf, vf, ldf
+    return result
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,197 @@
+"""Context parallelism (ula/core/context_parallel.py) on CPU: 2 and 4 processes with the gloo backend, each
+holding a contiguous (unequal) slice of T; outputs and all gradients equal the single-process
+`ula.linear_attention` on the whole sequence (float32, relative error <= 1e-5). Many cases run inside one
+spawned group (spawning is the slow part)."""
+import json
+import os
+import socket
+import tempfile
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+import ula
+from helpers import KINDS, fresh_seed, make_inputs, rel
+
+TOL = 1e-5
+NAMES = ("q", "k", "v", "ld", "rd", "initial_state")
+
+
+def _slices(R, T):
+    """Unequal slice lengths summing to T (one rank gets a single token with 4 ranks)."""
+    return {2: [T // 3, T - T // 3], 4: [7, 1, T - 7 - 1 - 13, 13]}[R]
+
+
+def _cases(R):
+    cases = []
+    for kind in KINDS:
+        for right in (False, True):
+            for reverse in (False, True):
+                cases.append(dict(kind=kind, right=right, reverse=reverse, varlen=False, B=2, T=61, h0=True,
+                                  final=True))
+    for kind in KINDS:
+        for reverse in (False, True):
+            # boundaries inside ranks, one exactly on a rank boundary, one sequence over several ranks
+            cu = {2: [0, 9, 20, 45, 61], 4: [0, 3, 7, 30, 50, 61]}[R]
+            cases.append(dict(kind=kind, right=kind != "none", reverse=reverse, varlen=cu, B=1, T=61, h0=True,
+                              final=True))
+    cases.append(dict(kind="vector", right=True, reverse=False, varlen=False, B=1, T=61, h0=False, final=False))
+    cases.append(dict(kind="scalar", right=False, reverse=True, varlen=[0, 61], B=1, T=61, h0=False, final=True))
+    cases.append(dict(kind="vector", right=False, reverse=False, varlen=False, B=2, T=61, h0=True, final=True,
+                      h0_rank0_only=True))
+    cases.append(dict(op="gla", varlen=False, B=2, T=61, h0=True, final=True))
+    cases.append(dict(op="gla", varlen=[0, 5, 40, 61], B=1, T=61, h0=True, final=True))
+    cases.append(dict(op="mlstm_sig", varlen=False, B=2, T=61, h0=True, final=True))
+    cases.append(dict(op="mlstm_sig", varlen=[0, 20, 61], B=1, T=61, h0=True, final=True))
+    return cases
+
+
+def _inputs(case, H=2, K=8, V=12):
+    B, T = case["B"], case["T"]
+    N = len(case["varlen"]) - 1 if case["varlen"] else None
+    op = case.get("op", "core")
+    if op == "core":
+        return make_inputs(case["kind"], case["right"], B, T, H, K, V, h0=case["h0"], N=N)
+    q, k, v, _, _, s0 = make_inputs("none", False, B, T, H, K, V, h0=case["h0"], N=N)
+    if op == "gla":
+        g = torch.nn.functional.logsigmoid(torch.randn(B, T, H, K) + 3.0)
+        return q, k, v, g, None, s0
+    i, f = torch.randn(B, T, H), torch.randn(B, T, H) + 2.0  # mlstm: (i, f) in the ld, rd slots
+    return q, k, v, i, f, s0
+
+
+def _call(case, q, k, v, a, b, s0, cu, group):
+    op = case.get("op", "core")
+    kw = dict(initial_state=s0, output_final_state=case["final"], cu_seqlens=cu, chunk_size=16, backend="torch")
+    if op == "core":
+        return ula.linear_attention(q, k, v, a, b, reverse=case["reverse"], cp_group=group, **kw)
+    if op == "gla":
+        return ula.gla(q, k, v, a, cp_group=group, **kw)
+    return ula.mlstm(q, k, v, a, b, variant="sig", cp_group=group, **kw)
+
+
+def _run_case(case, seed, rank, R, group):
+    torch.manual_seed(seed)
+    full = _inputs(case)
+    B, T = case["B"], case["T"]
+    cu = torch.tensor(case["varlen"]) if case["varlen"] else None
+    do = torch.randn(B, T, *full[2].shape[2:])
+    # single process on the whole sequence
+    ref = [None if x is None else x.clone().requires_grad_() for x in full]
+    o_ref, S_ref = _call(case, *ref, cu, None)
+    dS = torch.randn_like(S_ref) if S_ref is not None else None
+    loss = (o_ref * do).sum() + ((S_ref * dS).sum() if dS is not None else 0)
+    loss.backward()
+    # this rank's slice
+    lengths = _slices(R, T)
+    s = sum(lengths[:rank])
+    e = s + lengths[rank]
+
+    def cut(name, x):
+        if x is None:
+            return None
+        if name == "initial_state":
+            if case.get("h0_rank0_only") and rank != 0:
+                return None
+            return x.clone().requires_grad_()
+        if x.dim() == 1:  # constant decay [H]: the whole tensor on every rank
+            return x.clone().requires_grad_()
+        return x[:, s:e].clone().requires_grad_()
+
+    mine = [cut(n, x) for n, x in zip(NAMES, full)]
+    o, S = _call(case, *mine, cu, group)
+    loss = (o * do[:, s:e]).sum()
+    if dS is not None and rank == 0:  # the final state is replicated: its loss on one rank only
+        loss = loss + (S * dS).sum()
+    loss.backward()
+    # gather outputs and gradients (sums over ranks of full-size buffers)
+    o_full = torch.zeros_like(o_ref)
+    o_full[:, s:e] = o.detach()
+    dist.all_reduce(o_full, group=group)
+    errs = {"o": rel(o_full, o_ref)}
+    if S_ref is not None:
+        errs["final_state"] = rel(S, S_ref)
+    for name, x, r in zip(NAMES, mine, ref):
+        if r is None:
+            continue
+        g = torch.zeros_like(r)
+        if x is not None and not (name == "initial_state" and x.grad is None):  # unused on this rank: no grad
+            assert x.grad is not None, f"no gradient for {name} on rank {rank}"
+            if name == "initial_state" or x.dim() == 1:
+                g += x.grad
+            else:
+                g[:, s:e] = x.grad
+        dist.all_reduce(g, group=group)
+        errs["d" + name] = rel(g, r.grad)
+    return errs
+
+
+def _bad_inputs_raise_everywhere(rank, R, group):
+    """A shape that differs on one rank raises ValueError on every rank (no hang)."""
+    H = 3 if rank == R - 1 else 2
+    q = torch.randn(1, 5, H, 8)
+    try:
+        ula.linear_attention(q, q, q, cp_group=group)
+    except ValueError as e:
+        return "same H" in str(e)
+    return False
+
+
+def _worker(rank, R, init, seed, out):
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=R)
+    torch.set_num_threads(1)
+    try:
+        group = dist.group.WORLD
+        results = []
+        for n, case in enumerate(_cases(R)):
+            errs = _run_case(case, seed + n, rank, R, group)
+            results.append(dict(case=case, errs=errs))
+        results.append(dict(case="bad inputs raise on every rank", ok=_bad_inputs_raise_everywhere(rank, R, group)))
+        with open(f"{out}.{rank}", "w") as f:
+            json.dump(results, f)
+    finally:
+        dist.destroy_process_group()
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.parametrize("R", [2, 4])
+def test_context_parallel_equals_single_process(R):
+    seed = fresh_seed()
+    with tempfile.TemporaryDirectory() as d:
+        out = os.path.join(d, "results")
+        init = f"tcp://127.0.0.1:{_free_port()}"
+        mp.spawn(_worker, args=(R, init, seed, out), nprocs=R, join=True)
+        results = [json.load(open(f"{out}.{r}")) for r in range(R)]
+    bad = []
+    for rank_results in results:
+        for res in rank_results:
+            if "ok" in res:
+                if not res["ok"]:
+                    bad.append(res["case"])
+                continue
+            over = {k: f"{v:.2e}" for k, v in res["errs"].items() if not v <= TOL}
+            if over:
+                bad.append((res["case"], over))
+    assert not bad, f"{R} ranks, seed {seed}: {bad[:6]}"
+
+
+def test_exp_mlstm_refuses_cp_group():
+    q = torch.randn(1, 4, 1, 8)
+    i = torch.randn(1, 4, 1)
+    with pytest.raises(NotImplementedError, match="sig"):
+        ula.mlstm(q, q, q, i, i, variant="exp", cp_group=object())
+
+
+def test_cp_group_must_be_a_process_group():
+    if not dist.is_available():
+        pytest.skip("torch.distributed not available")
+    q = torch.randn(1, 4, 1, 8)
+    with pytest.raises((TypeError, RuntimeError)):
+        ula.linear_attention(q, q, q, cp_group=object())

@@ -1,0 +1,348 @@
+"""Context parallelism: one sequence (or a varlen pack) split along T across the ranks of a process group.
+
+Each rank holds a contiguous slice [s_r, e_r) of the time axis (slices may have different lengths, each
+>= 1 token; rank order = group rank order). The recurrence of DESIGN §1 is linear in its state, so over a
+slice it is an affine map of the state entering it:
+
+    S_exit = D_r ⊙ S_enter + X_r,      D_r = exp(Σ_slice ld)[:, None] · exp(Σ_slice rd)[None, :]  (K × V)
+
+with X_r the slice's own final state from a zero start. The state entering rank r is the scan of the
+earlier ranks' pairs (D, X): E_r = D_r ⊙ E_{r-1} + X_r. This module computes it as follows (all of it is
+made of differentiable pieces, so autograd gives the backward, the state gradients flowing to earlier
+ranks through the backward of the collective):
+
+1. local pass: ONE call of `linear_attention` on the slice, the crossing sequence started from zero
+   (sequences that start inside the slice start from their own initial state). It returns the local
+   output o_loc and the local final state of every piece of the slice.
+2. one differentiable all-gather of (local final states, total log decays of the slice's entry piece),
+   float32. Its backward is a reduce-scatter (NCCL) or an all-reduce of the small stacked gradient
+   (gloo has no reduce-scatter).
+3. the entering state E_{r-1}: the scan above, a loop of R elementwise steps in float32 that every rank
+   runs on the gathered pairs (R is small; no sequential communication).
+4. the correction, instead of a second pass: the state E entering a slice adds to each output of the
+   crossing piece the term  scale · exp(c_t) ⊙ (Eᵀ (exp(b_t) ⊙ q_t))  with b_t, c_t the cumulative log
+   decays from the slice start (inclusive; exclusive from the end when reverse=True). All exponents are
+   <= 0: nothing overflows. This costs one [L, K] × [K, V] matmul per head, against the two full core
+   passes (and two backward passes) of "zero-start pass for the state, then a real pass from S_in".
+
+All-gather or a ring of send/recv: benchmarks/cp_collectives_cpu.py measures both communication patterns
+on CPU gloo (output beside it). There the ring is faster (e.g. 1 MiB state, 4 ranks: ~8 ms against ~23 ms
+for all-gather + the all-reduce gloo needs in the backward, having no reduce-scatter; 2 CPU cores, 4
+processes, noisy). The all-gather is kept, deliberately: (1) it is one collective each way where the ring
+is R - 1 dependent hops each way, each paying a launch/latency cost (the case that matters on GPUs with
+NCCL, where the backward is a reduce-scatter, not measured here); (2) every rank gets every boundary
+state, so the replicated final state (varlen: every sequence's) needs no further collective and every
+rank's backward runs exactly one collective (no ordering hazards); (3) the communicated states are
+B·H·K·V floats per rank, milliseconds at most against the slice's own compute. A ring path is not
+implemented.
+
+Varlen: `cu_seqlens` in GLOBAL coordinates, the same tensor on every rank. Only a sequence that crosses
+a rank boundary carries state across it; a rank whose whole slice lies inside one sequence passes the
+state through (D ⊙ E + X), any other rank restarts the scan at its last piece. reverse=True runs the
+scan from the last rank to the first (the entry piece of a slice is then its last piece).
+
+Initial state: `initial_state` ([B, H, K, V], or [N, H, K, V] with cu_seqlens) is used by the ranks on
+which a sequence starts (rank 0 without varlen; the last rank with reverse=True); the other ranks may
+pass it (ignored rows) or None. Its gradient on a rank covers the rows that rank used (zeros elsewhere):
+sum it over the ranks (all-reduce, as for any replicated parameter).
+
+Final state: the same tensor is returned on every rank (the last rank's exit state, or each sequence's
+from the rank where it ends). Gradient convention of torch.distributed.nn: the objective is the SUM of
+the ranks' losses, so a loss on the replicated final state counts once per rank that puts it in its loss
+(put it on one rank only, or divide it by the group size).
+
+Every rank must take part in the backward (backprop through o or the final state): the backward runs
+one collective, on every rank. The inputs on all ranks must agree in B, H, K, V, dtype, decay kind,
+flags and cu_seqlens; this is checked with one small all-gather of metadata before any other collective,
+and a bad input on one rank raises on all ranks (no hang).
+"""
+import bisect
+
+import torch
+import torch.distributed as dist
+
+from .api import linear_attention
+from .checks import check_linear_attention
+
+__all__ = ["cp_linear_attention"]
+
+
+class _AllGather(torch.autograd.Function):
+    """[n] on each rank -> [R, n] on every rank. Backward: the sum over ranks of their gradients for my row."""
+
+    @staticmethod
+    def forward(ctx, x, group):
+        ctx.group = group
+        x = x.contiguous()
+        out = [torch.empty_like(x) for _ in range(dist.get_world_size(group))]
+        dist.all_gather(out, x, group=group)
+        return torch.stack(out)
+
+    @staticmethod
+    def backward(ctx, g):
+        group = ctx.group
+        g = g.contiguous()
+        if dist.get_backend(group) == "nccl":
+            out = torch.empty_like(g[0])
+            dist.reduce_scatter_tensor(out, g.view(-1), group=group)
+            return out, None
+        g = g.clone()
+        dist.all_reduce(g, group=group)
+        return g[dist.get_rank(group)], None
+
+
+class _Tie(torch.autograd.Function):
+    """x unchanged; the backward gives `anchor` a zero gradient, so every rank's backward reaches the collective
+    that produced `anchor` (a rank whose output does not otherwise depend on other ranks must still run it)."""
+
+    @staticmethod
+    def forward(ctx, x, anchor):
+        ctx.meta = (anchor.shape, anchor.dtype, anchor.device)
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, g):
+        shape, dtype, device = ctx.meta
+        return g, torch.zeros(shape, dtype=dtype, device=device)
+
+
+def _canonical_left(ld, T):
+    """[H] / [B, T, H] / [B, T, H, K] log decay -> broadcastable [B|1, T, H, K|1] (views)."""
+    if ld is None or ld.dim() == 4:
+        return ld
+    if ld.dim() == 1:
+        return ld.view(1, 1, -1, 1).expand(1, T, ld.shape[0], 1)
+    return ld.unsqueeze(-1)
+
+
+def _ld_code(ld):
+    return 0 if ld is None else {1: 1, 3: 2, 4: 3}.get(ld.dim(), 9)
+
+
+def _local_checks(q, k, v, ld, rd, scale, initial_state, cu_seqlens, chunk_size, backend):
+    """The input checks of linear_attention on the slice, with the global cu_seqlens / initial_state."""
+    check_linear_attention(q, k, v, ld, rd, scale, None, None, chunk_size, backend)
+    B, T, H, K = q.shape
+    V = v.shape[-1]
+    N = B
+    if cu_seqlens is not None:
+        if not isinstance(cu_seqlens, torch.Tensor) or cu_seqlens.dtype not in (torch.int32, torch.int64):
+            raise TypeError(f"cu_seqlens must be an int32 or int64 tensor, got {type(cu_seqlens).__name__}")
+        if cu_seqlens.dim() != 1 or cu_seqlens.numel() < 2:
+            raise ValueError(f"cu_seqlens must be 1-D [N + 1], got shape {tuple(cu_seqlens.shape)}")
+        if B != 1:
+            raise ValueError(f"cu_seqlens needs the sequences packed along T with B == 1, got B = {B}")
+        c = cu_seqlens.tolist()
+        if c[0] != 0 or any(b <= a for a, b in zip(c, c[1:])):
+            raise ValueError(f"cu_seqlens (global, over all ranks' slices) must start at 0 and be strictly "
+                             f"increasing, got {c}")
+        N = len(c) - 1
+    if initial_state is not None:
+        if not isinstance(initial_state, torch.Tensor) or tuple(initial_state.shape) != (N, H, K, V):
+            got = tuple(initial_state.shape) if isinstance(initial_state, torch.Tensor) else type(initial_state).__name__
+            raise ValueError(f"initial_state must be {'[N, H, K, V]' if cu_seqlens is not None else '[B, H, K, V]'}"
+                             f" = {(N, H, K, V)}, got {got}")
+        allowed = (torch.float32, torch.float64) if q.dtype == torch.float64 else (torch.float32,)
+        if initial_state.dtype not in allowed or initial_state.device != q.device:
+            raise TypeError(f"initial_state must be float32 on the device of q, got {initial_state.dtype} "
+                            f"on {initial_state.device}")
+
+
+def _plan(c, bounds, reverse):
+    """Per rank, from the global sequence offsets c (without varlen [0, T]) and the slices (s, e):
+    the local pieces (global sequence n, local start a, local end b), which piece enters (receives the
+    state of the previous rank in scan order) and which exits, whether the entry piece crosses in, whether
+    the state passes through the whole slice, and per piece whether it owns its sequence's final state
+    and starts its sequence (uses the initial state)."""
+    plans = []
+    for s, e in bounds:
+        n0 = bisect.bisect_right(c, s) - 1
+        n1 = bisect.bisect_left(c, e) - 1
+        pieces = [(n, max(c[n], s) - s, min(c[n + 1], e) - s) for n in range(n0, n1 + 1)]
+        if not reverse:
+            entry, exit_, cross = 0, len(pieces) - 1, c[n0] < s
+            owns = [c[n + 1] <= e for n, _, _ in pieces]
+            starts = [c[n] >= s for n, _, _ in pieces]
+        else:
+            entry, exit_, cross = len(pieces) - 1, 0, c[n1 + 1] > e
+            owns = [c[n] >= s for n, _, _ in pieces]
+            starts = [c[n + 1] <= e for n, _, _ in pieces]
+        plans.append(dict(pieces=pieces, entry=entry, exit=exit_, cross=cross, through=cross and len(pieces) == 1,
+                          owns=owns, starts=starts))
+    return plans
+
+
+def _cum_log(x, reverse):
+    """Cumulative log decay along dim 1 from the slice's entry side: inclusive from the start (forward); from
+    the end exclusive of the step itself (reverse: step t is reached from t+1 by the decay of t+1)."""
+    if not reverse:
+        return x.cumsum(1)
+    r = x.flip(1).cumsum(1).flip(1)
+    return torch.cat([r[:, 1:], torch.zeros_like(r[:, :1])], 1)
+
+
+def cp_linear_attention(q, k, v, ld=None, rd=None, *, cp_group, scale=None, initial_state=None,
+                        output_final_state=False, cu_seqlens=None, chunk_size=None, backend="auto", reverse=False):
+    """`linear_attention` on this rank's contiguous slice of the sequence, the slices of `cp_group`'s ranks
+    (in rank order) making up the whole. Arguments as in `linear_attention`, per slice ([B, T_r, H, ...]),
+    except `cu_seqlens` (global offsets, the same on every rank) and `initial_state` (see the module
+    docstring). Returns (o for this slice, final state (the same on every rank) or None)."""
+    if not (dist.is_available() and dist.is_initialized()):
+        raise RuntimeError("cp_group needs an initialized torch.distributed process group")
+    if not isinstance(cp_group, dist.ProcessGroup):
+        raise TypeError(f"cp_group must be a torch.distributed ProcessGroup, got {type(cp_group).__name__}")
+    R, rank = dist.get_world_size(cp_group), dist.get_rank(cp_group)
+    if R == 1:
+        return linear_attention(q, k, v, ld, rd, scale=scale, initial_state=initial_state,
+                                output_final_state=output_final_state, cu_seqlens=cu_seqlens,
+                                chunk_size=chunk_size, backend=backend, reverse=reverse)
+    # 0. checks, then one metadata all-gather so that a bad input anywhere raises everywhere (no hang)
+    err = None
+    try:
+        _local_checks(q, k, v, ld, rd, scale, initial_state, cu_seqlens, chunk_size, backend)
+    except (TypeError, ValueError) as e:
+        err = e
+    ok = err is None
+    meta = [0] * 13
+    if ok:
+        B, T, H, K = q.shape
+        V = v.shape[-1]
+        c = cu_seqlens.tolist() if cu_seqlens is not None else None
+        tensors = (q, k, v, ld, rd, initial_state)
+        needs_grad = torch.is_grad_enabled() and any(x is not None and x.requires_grad for x in tensors)
+        meta = [1, T, B, H, K, V, _ld_code(ld), int(rd is not None), int(bool(reverse)),
+                int(bool(output_final_state)), int(needs_grad), -1 if c is None else len(c) - 1,
+                0 if c is None else sum((i + 1) * x for i, x in enumerate(c)) % (1 << 61)]
+    meta_t = torch.tensor(meta + [int(initial_state is not None)], dtype=torch.int64, device=q.device)
+    gathered = [torch.empty_like(meta_t) for _ in range(R)]
+    dist.all_gather(gathered, meta_t, group=cp_group)
+    metas = [g.tolist() for g in gathered]
+    if not ok:
+        raise err
+    bad = [j for j, m in enumerate(metas) if not m[0]]
+    if bad:
+        raise ValueError(f"cp_linear_attention: the inputs of rank(s) {bad} failed their checks (see there)")
+    names = ("B", "H", "K", "V", "ld kind", "rd given", "reverse", "output_final_state", "requires grad",
+             "number of sequences", "cu_seqlens")
+    for idx, name in enumerate(names, start=2):
+        vals = [m[idx] for m in metas]
+        if len(set(vals)) != 1:
+            raise ValueError(f"cp_linear_attention: every rank of cp_group must pass the same {name}; got {vals} "
+                             "(per rank)")
+    lengths = [m[1] for m in metas]
+    total = sum(lengths)
+    if c is not None and c[-1] != total:
+        raise ValueError(f"cu_seqlens must end at the total length over all ranks' slices, {total} "
+                         f"(slices {lengths}), got {c[-1]}")
+    starts = [sum(lengths[:j]) for j in range(R)]
+    bounds = [(s, s + t) for s, t in zip(starts, lengths)]
+    varlen = c is not None
+    plans = _plan(c if varlen else [0, total], bounds, bool(reverse))
+    has_h0 = [bool(m[13]) for m in metas]
+    if any(has_h0):
+        need = [j for j in range(R) if any(plans[j]["starts"]) and not has_h0[j]]
+        if need:
+            raise ValueError(f"cp_linear_attention: initial_state is given on some ranks but not on rank(s) {need}, "
+                             "where sequences start; pass it (the same tensor) there too")
+
+    scale = K ** -0.5 if scale is None else float(scale)
+    sdt = torch.float64 if q.dtype == torch.float64 else torch.float32
+    me = plans[rank]
+    pieces = me["pieces"]
+
+    # 1. local pass: the crossing-in piece starts from zero, pieces that start here from their initial state
+    if varlen:
+        cu_loc = torch.tensor([a for _, a, _ in pieces] + [pieces[-1][2]], dtype=cu_seqlens.dtype,
+                              device=cu_seqlens.device)
+        h0_loc = None
+        if initial_state is not None and any(me["starts"]):
+            rows = [initial_state[n] if st else torch.zeros_like(initial_state[n])
+                    for (n, _, _), st in zip(pieces, me["starts"])]
+            h0_loc = torch.stack(rows)
+    else:
+        cu_loc = None
+        h0_loc = initial_state if me["starts"][0] else None
+    o, F_loc = linear_attention(q, k, v, ld, rd, scale=scale, initial_state=h0_loc, output_final_state=True,
+                                cu_seqlens=cu_loc, chunk_size=chunk_size, backend=backend, reverse=reverse)
+    Bs = 1 if varlen else B  # batch of the state rows: one per piece with varlen, B without
+    F_loc = F_loc.to(sdt).reshape(len(pieces), Bs, H, K, V)
+
+    # total log decays of the entry piece (the whole slice when the state passes through)
+    _, a0, b0 = pieces[me["entry"]]
+    gl = _canonical_left(ld, T)
+    L0 = (gl[:, a0:b0].to(sdt).sum(1).expand(Bs, H, K) if gl is not None
+          else torch.zeros(Bs, H, K, dtype=sdt, device=q.device))
+    R0 = rd[:, a0:b0].to(sdt).sum(1) if rd is not None else torch.zeros(Bs, H, V, dtype=sdt, device=q.device)
+
+    # 2. one all-gather of (state rows, L0, R0): all piece states when the final states are wanted, else the exit one
+    ofs = bool(output_final_state)
+    nrows = max(len(p["pieces"]) for p in plans) if ofs else 1
+    rows = F_loc if ofs else F_loc[me["exit"]:me["exit"] + 1]
+    if rows.shape[0] < nrows:
+        rows = torch.cat([rows, rows.new_zeros((nrows - rows.shape[0],) + tuple(rows.shape[1:]))])
+    buf = torch.cat([rows.reshape(-1), L0.reshape(-1), R0.reshape(-1)])
+    G = _AllGather.apply(buf, cp_group) if needs_grad else _gather_plain(buf, cp_group)
+    n_st = nrows * Bs * H * K * V
+    G_rows = G[:, :n_st].view(R, nrows, Bs, H, K, V)
+    G_L = G[:, n_st:n_st + Bs * H * K].view(R, Bs, H, K)
+    G_R = G[:, n_st + Bs * H * K:].view(R, Bs, H, V)
+
+    def decay(j):
+        return torch.exp(G_L[j].unsqueeze(-1) + G_R[j].unsqueeze(-2))
+
+    # 3. the scan over ranks in scan order (every rank runs it on the same gathered data)
+    order = list(range(R)) if not reverse else list(range(R - 1, -1, -1))
+    E_in, E = {}, None
+    last = order[-1] if ofs else rank
+    for j in order:
+        E_in[j] = E if plans[j]["cross"] else None
+        if j == last:
+            break
+        X = G_rows[j, plans[j]["exit"] if ofs else 0]
+        if plans[j]["through"] and E is not None:
+            X = X + decay(j) * E
+        E = X
+
+    # 4. the correction of this rank's entry piece by the state that enters it
+    Ein = E_in[rank]
+    if Ein is not None:
+        ql = q[:, a0:b0].to(sdt)
+        if gl is not None:
+            ql = ql * torch.exp(_cum_log(gl[:, a0:b0].to(sdt), reverse))
+        corr = torch.einsum("bthk,bhkv->bthv", ql, Ein)
+        if rd is not None:
+            corr = corr * torch.exp(_cum_log(rd[:, a0:b0].to(sdt), reverse))
+        mid = (o[:, a0:b0].to(sdt) + corr * scale).to(o.dtype)
+        o = torch.cat([o[:, :a0], mid, o[:, b0:]], 1)
+    if needs_grad:
+        o = _Tie.apply(o, G)
+
+    if not ofs:
+        return o, None
+    # final states: each sequence's from the rank where it ends (in scan direction), the same on every rank
+    N = len(c) - 1 if varlen else 1
+    owner, piece = [], []
+    for n in range(N):
+        pos = (c[n + 1] - 1 if not reverse else c[n]) if varlen else (total - 1 if not reverse else 0)
+        j = bisect.bisect_right(starts, pos) - 1
+        owner.append(j)
+        piece.append(n - plans[j]["pieces"][0][0])
+    dev = q.device
+    finals = G_rows[torch.tensor(owner, device=dev), torch.tensor(piece, device=dev)]  # [N, Bs, H, K, V]
+    fix_idx, fix_rows = [], []
+    for j in range(R):
+        p = plans[j]
+        if p["cross"] and p["owns"][p["entry"]] and E_in[j] is not None:
+            fix_idx.append(p["pieces"][p["entry"]][0])
+            fix_rows.append(decay(j) * E_in[j])
+    if fix_rows:
+        finals = finals.index_add(0, torch.tensor(fix_idx, device=dev), torch.stack(fix_rows))
+    S = finals.reshape(N, H, K, V) if varlen else finals[0]
+    S = S.to(initial_state.dtype if initial_state is not None else torch.float32)
+    return o, S
+
+
+def _gather_plain(x, group):
+    out = [torch.empty_like(x) for _ in range(dist.get_world_size(group))]
+    dist.all_gather(out, x.contiguous(), group=group)
+    return torch.stack(out)

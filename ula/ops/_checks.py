@@ -1,0 +1,84 @@
+"""Input checks for the family ops: each error names the op, the argument, what it got and what it needs.
+
+The core checks q, k, v, cu_seqlens, chunk_size, backend and scale (`check_sequence`); these add the
+family-specific arguments (gates, coefficients, state tuples) and the one-token `*_step` functions, which
+never reach the core's checks. Shape and dtype checks read metadata only; value checks (a log gate must be
+finite and <= 0) need one reduction and are skipped while torch.compile traces."""
+import torch
+
+from ..core.checks import check_linear_attention
+
+
+def _desc(x):
+    return f"shape {tuple(x.shape)}, dtype {x.dtype}"
+
+
+def _compiling():
+    try:
+        return torch.compiler.is_compiling()
+    except AttributeError:  # pragma: no cover (old torch)
+        return False
+
+
+def check_sequence(q, k, v, cu_seqlens=None, chunk_size=64, backend="auto", scale=None):
+    """q, k [B, T, H, K], v [B, T, H, V], cu_seqlens, chunk_size, backend, scale: the core's own checks, run
+    on the arguments as the user gave them (before any augmentation), so messages show the user's shapes."""
+    check_linear_attention(q, k, v, None, None, scale, None, cu_seqlens, chunk_size, backend)
+
+
+def num_sequences(q, cu_seqlens):
+    return q.shape[0] if cu_seqlens is None else cu_seqlens.numel() - 1
+
+
+def check_float(op, name, x, shape, what, *, log_gate=False, nonneg=False, nonpos=False):
+    """x must be a floating tensor of exactly `shape` (what: its symbolic form, e.g. "[B, T, H, K]").
+    log_gate / nonpos: finite and <= 0. nonneg: finite and >= 0."""
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{op}: {name} must be a {what} = {tuple(shape)} floating-point torch.Tensor, "
+                        f"got {type(x).__name__}")
+    if not x.is_floating_point():
+        raise TypeError(f"{op}: {name} must be a floating-point tensor (float16, bfloat16, float32 or float64), "
+                        f"got {x.dtype}")
+    if tuple(x.shape) != tuple(shape):
+        raise ValueError(f"{op}: {name} must be {what} = {tuple(shape)}, got {_desc(x)}")
+    if (log_gate or nonneg or nonpos) and not _compiling():
+        bad = ~torch.isfinite(x) | ((x < 0) if nonneg else (x > 0))
+        if bool(bad.any()):
+            idx = tuple(bad.nonzero()[0].tolist())
+            need = ("a log gate, finite and <= 0 (gate in (0, 1])" if log_gate else
+                    "finite and >= 0" if nonneg else "finite and <= 0")
+            raise ValueError(f"{op}: {name} must be {need}; got {x[idx].item()} at index {idx}")
+
+
+def check_state_tuple(op, state, parts):
+    """state: a tuple/list with len(parts) tensors; parts: [(name, shape, what)]."""
+    names = ", ".join(f"{n} {w}" for n, _, w in parts)
+    if not (isinstance(state, (tuple, list)) and len(state) == len(parts)):
+        got = f"a {type(state).__name__} of length {len(state)}" if isinstance(state, (tuple, list)) \
+            else type(state).__name__
+        raise ValueError(f"{op}: initial_state / state must be a tuple ({names}), got {got}")
+    for j, (x, (n, shape, what)) in enumerate(zip(state, parts)):
+        check_float(op, f"state[{j}] ({n})", x, shape, what)
+
+
+def check_step_qkv(op, q, k, v, *, k_name="k"):
+    """One-token inputs: q, k [B, H, K], v [B, H, V], floating, same dtype."""
+    for name, x in (("q", q), (k_name, k), ("v", v)):
+        if not isinstance(x, torch.Tensor):
+            raise TypeError(f"{op}: {name} must be a torch.Tensor, got {type(x).__name__}")
+        if x.dim() != 3:
+            raise ValueError(f"{op}: {name} must have 3 dims [B, H, D] (one token), got {_desc(x)}")
+        if not x.is_floating_point():
+            raise TypeError(f"{op}: {name} must be a floating-point tensor, got {x.dtype}")
+    if k is not None and tuple(k.shape) != tuple(q.shape):
+        raise ValueError(f"{op}: {k_name} must have the shape of q {tuple(q.shape)} ([B, H, K]), got {tuple(k.shape)}")
+    if v.shape[:2] != q.shape[:2]:
+        raise ValueError(f"{op}: v must be [B, H, V] with B, H of q {tuple(q.shape[:2])}, got {tuple(v.shape)}")
+    for name, x in ((k_name, k), ("v", v)):
+        if x.dtype != q.dtype:
+            raise TypeError(f"{op}: {name} must have the dtype of q ({q.dtype}), got {x.dtype}")
+
+
+def check_step_state(op, state, shape, what="[B, H, K, V]", name="state"):
+    if state is not None:
+        check_float(op, name, state, shape, what)
