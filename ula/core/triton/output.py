@@ -11,7 +11,7 @@ per feature). Diagonal block: per-element relative decays, masked before exp (no
 import triton
 import triton.language as tl
 
-from .utils import alloc, block, mm
+from .utils import alloc, block, mm, tuned
 
 
 @triton.jit
@@ -190,9 +190,9 @@ def chunk_output(q, k, v, b, c, border, h0, scale, layout, reverse, dot):
     V = v.shape[-1]
     vec = (b is not None and b.shape[-1] > 1) or c is not None
     C = layout.C
-    BT = min(C, 16 if vec else 64)
-    BK = block(K, 32 if vec else 64)
-    BV = block(V, 32 if c is not None else 64)
+    BT, BK, BV, W = tuned("output_vec" if vec else "output",
+                          (16, 32, 64, 4) if vec else (64, 64, 64, 4))  # results/tile_sweep_h100.json
+    BT, BK, BV = min(C, BT), block(K, BK), block(V, BV)
     o = alloc((B, T, H, V), q.device)
     dummy = border
     grid = (triton.cdiv(V, BV), layout.n * (C // BT), B * H)
@@ -203,5 +203,5 @@ def chunk_output(q, k, v, b, c, border, h0, scale, layout, reverse, dot):
                          (c.stride(0) if c is not None and c.shape[0] > 1 else 0), float(scale),
                          DB=b.shape[-1] if b is not None else 1, C=C, NRB=C // BT, BT=BT, BK=BK, BV=BV,
                          HAS_B=b is not None, HAS_C=c is not None, VEC=vec, HAS_H0=h0 is not None,
-                         REVERSE=reverse, VARLEN=layout.varlen, DOT=dot)
+                         REVERSE=reverse, VARLEN=layout.varlen, DOT=dot, num_warps=W)
     return o

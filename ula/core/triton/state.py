@@ -6,7 +6,7 @@ end (these are the border states that chunk_recurrence returns and the output ke
 import triton
 import triton.language as tl
 
-from .utils import alloc, block, mm
+from .utils import alloc, block, mm, tuned
 
 
 @triton.jit
@@ -96,8 +96,8 @@ def chunk_states(k, v, b, c, h0, layout, reverse, dot):
     N = layout.N
     border = alloc((B, H, layout.n, K, V), k.device)
     final = alloc((N, H, K, V), k.device)
-    BK, BV = block(K, 64), block(V, 64)
-    BT = min(layout.C, 64)
+    BT, BK, BV, W = tuned("state", (64, 64, 64, 4))
+    BT, BK, BV = min(layout.C, BT), block(K, BK), block(V, BV)
     DB = b.shape[-1] if b is not None else 1
     dummy = border
     grid = (triton.cdiv(K, BK), triton.cdiv(V, BV), N * H)
@@ -107,5 +107,5 @@ def chunk_states(k, v, b, c, h0, layout, reverse, dot):
                         (b.stride(0) if b is not None and b.shape[0] > 1 else 0),
                         (c.stride(0) if c is not None and c.shape[0] > 1 else 0),
                         DB=DB, C=layout.C, BT=BT, BK=BK, BV=BV, HAS_B=b is not None, HAS_C=c is not None,
-                        HAS_H0=h0 is not None, REVERSE=reverse, VARLEN=layout.varlen, DOT=dot)
+                        HAS_H0=h0 is not None, REVERSE=reverse, VARLEN=layout.varlen, DOT=dot, num_warps=W)
     return border, final

@@ -79,3 +79,10 @@ def mm(a, b, DOT: tl.constexpr):
         return tl.dot(a, b, input_precision="ieee")
     else:
         return tl.dot(cast_dot(a, DOT), cast_dot(b, DOT))
+
+
+def tuned(kernel, defaults):
+    """Tile sizes and warps of a kernel: the heuristic defaults, or ULA_TUNE_<KERNEL>="a,b,c,..." (same order)
+    for measurement sweeps (benchmarks/gpu_tile_sweep.py)."""
+    env = os.environ.get(f"ULA_TUNE_{kernel.upper()}")
+    return tuple(int(x) for x in env.split(",")) if env else defaults
