@@ -23,9 +23,20 @@ def _t(x):
     return None if x is None else x.transpose(-1, -2)
 
 
+# Log decays are floored at -110 per step: e^-110 is exactly 0 in float32, so in float32 nothing changes,
+# except that a larger step no longer inflates the cumulative sums b, whose float32 spacing would blur the
+# ordinary differences b_i - b_j after it (a -1e4 step would cost ~1e-3 relative error). The floor's
+# gradient is zero, as the true one is (it carries a factor e^{ld}).
+LOG_DECAY_FLOOR = -110.0
+
+
+def floor_decay(g):
+    return None if g is None else g.clamp_min(LOG_DECAY_FLOOR)
+
+
 def forward_pass(F, q, k, v, ld, rd, h0, scale, cu_seqlens, reverse, chunk_size):
     """O = F(Q, K, V, L, R, rev). Returns o (compute dtype) and the final state (compute dtype)."""
-    o, S, _ = F(q, k, v, canonical_left(ld, q.shape[1]), rd, scale=scale, initial_state=h0,
+    o, S, _ = F(q, k, v, canonical_left(floor_decay(ld), q.shape[1]), floor_decay(rd), scale=scale, initial_state=h0,
                 cu_seqlens=cu_seqlens, reverse=reverse, chunk_size=chunk_size)
     return o, S
 
@@ -35,6 +46,8 @@ def backward_pass(F, q, k, v, ld, rd, h0, o, do, dS, scale, cu, rev, C, need_ld,
     closed form. o (the forward output in the compute dtype) is needed only for a right decay; dS may be
     None. Returns (dq, dk, dv, dld, drd, dh0) in the dtypes of their inputs (None where not needed)."""
     T = q.shape[1]
+    ld_in, rd_in = ld, rd
+    ld, rd = floor_decay(ld), floor_decay(rd)
     gl = canonical_left(ld, T)
     dt = torch.float64 if q.dtype == torch.float64 else torch.float32
     dos = do.to(dt) * scale
@@ -73,4 +86,8 @@ def backward_pass(F, q, k, v, ld, rd, h0, o, do, dS, scale, cu, rev, C, need_ld,
     else:
         del A_v
     dh0 = dh0.to(h0.dtype) if h0 is not None else None
+    if dld is not None:
+        dld = dld * (ld_in > LOG_DECAY_FLOOR)
+    if drd is not None:
+        drd = drd * (rd_in > LOG_DECAY_FLOOR)
     return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), dld, drd, dh0

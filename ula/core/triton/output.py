@@ -62,6 +62,74 @@ def _offdiag(q_base, k_base, v_base, b_base, c_base, rows, mi, js, ce, vc, mv, K
 
 
 @triton.jit
+def _diag_vec(q_base, k_base, v_base, b_base, c_base, rows, mi, ce, vc, mv, K, V, H,
+              DB: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, LOG_BT: tl.constexpr,
+              HAS_B: tl.constexpr, HAS_C: tl.constexpr, REVERSE: tl.constexpr, DOT: tl.constexpr):
+    """The rows' own block with decays per feature, without per-element [BT, BT, D] work: secondary
+    chunking taken down to single steps. At level h the block is cut into pieces of 2h steps; every pair
+    (later half, earlier half) of a piece goes through the piece's middle step r, exp(b_i - b_j) =
+    exp(b_i - b_r) exp(b_r - b_j) (both <= 1), so each level is one masked matmul. Levels h = BT/2 .. 1
+    cover every pair i != j; i = j carries no decay."""
+    idx = tl.arange(0, BT)
+    ri = rows.to(tl.int64) * H
+    vt = tl.load(v_base + ri[:, None] * V + vc[None, :], mask=mi[:, None] & mv[None, :], other=0.0).to(tl.float32)
+    if HAS_C:
+        cv = tl.load(c_base + ri[:, None] * V + vc[None, :], mask=mi[:, None] & mv[None, :], other=0.0)
+    # i = j
+    dd = tl.zeros([BT], dtype=tl.float32)
+    for kk in range(0, K, BK):
+        kc = kk + tl.arange(0, BK)
+        mik = mi[:, None] & (kc < K)[None, :]
+        qt = tl.load(q_base + ri[:, None] * K + kc[None, :], mask=mik, other=0.0).to(tl.float32)
+        kt = tl.load(k_base + ri[:, None] * K + kc[None, :], mask=mik, other=0.0).to(tl.float32)
+        dd += tl.sum(qt * kt, 1)
+    out = dd[:, None] * vt
+    for lvl in tl.static_range(LOG_BT):
+        h: tl.constexpr = BT >> (lvl + 1)
+        piece = idx // (2 * h)
+        later = (idx % (2 * h)) >= h
+        if REVERSE:  # queries before keys: query rows in the earlier half, reference = first step of the later
+            qsel, ksel = ~later, later
+            ref = piece * (2 * h) + h
+        else:
+            qsel, ksel = later, ~later
+            ref = piece * (2 * h) + h - 1
+        ref_rows = rows - idx + ref
+        ref_ok = ref_rows < ce
+        qsel = qsel & mi & ref_ok
+        ksel = ksel & mi & ref_ok
+        rr = ref_rows.to(tl.int64) * H
+        A = tl.zeros([BT, BT], dtype=tl.float32)
+        for kk in range(0, K, BK):
+            kc = kk + tl.arange(0, BK)
+            mk = (kc < K)[None, :]
+            mik = mi[:, None] & mk
+            qt = tl.load(q_base + ri[:, None] * K + kc[None, :], mask=mik, other=0.0).to(tl.float32)
+            kt = tl.load(k_base + ri[:, None] * K + kc[None, :], mask=mik, other=0.0).to(tl.float32)
+            if HAS_B:
+                if DB > 1:
+                    bq = tl.load(b_base + ri[:, None] * DB + kc[None, :], mask=mik, other=0.0)
+                    br = tl.load(b_base + rr[:, None] * DB + kc[None, :], mask=ref_ok[:, None] & mk, other=0.0)
+                else:  # a scalar left decay beside a right decay: one value per step, broadcast over K
+                    bq = tl.load(b_base + ri * DB, mask=mi, other=0.0)[:, None]
+                    br = tl.load(b_base + rr * DB, mask=ref_ok, other=0.0)[:, None]
+                qt = qt * tl.exp(tl.where(qsel[:, None], bq - br, float("-inf")))
+                kt = kt * tl.exp(tl.where(ksel[:, None], br - bq, float("-inf")))
+            else:
+                qt = tl.where(qsel[:, None], qt, 0.0)
+                kt = tl.where(ksel[:, None], kt, 0.0)
+            A += mm(qt, tl.trans(kt), DOT)
+        A = tl.where((piece[:, None] == piece[None, :]) & qsel[:, None] & ksel[None, :], A, 0.0)
+        if HAS_C:
+            cr = tl.load(c_base + rr[:, None] * V + vc[None, :], mask=ref_ok[:, None] & mv[None, :], other=0.0)
+            vs = vt * tl.exp(tl.where(ksel[:, None], cr - cv, float("-inf")))
+            out += tl.exp(tl.where(qsel[:, None], cv - cr, float("-inf"))) * mm(A, vs, DOT)
+        else:
+            out += mm(A, vt, DOT)
+    return out
+
+
+@triton.jit
 def _diag(q_base, k_base, v_base, b_base, c_base, rows, mi, vc, mv, K, V, H,
           DB: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, HAS_B: tl.constexpr,
           HAS_C: tl.constexpr, VEC: tl.constexpr, REVERSE: tl.constexpr, DOT: tl.constexpr):
@@ -106,7 +174,8 @@ def _diag(q_base, k_base, v_base, b_base, c_base, rows, mi, vc, mv, K, V, H,
 def _output_kernel(q, k, v, b, c, border, h0, o, cu, chunk_seq, chunk_start, T, H, K, V, NC, sb_b, sc_b, scale,
                    DB: tl.constexpr, C: tl.constexpr, NRB: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
                    BV: tl.constexpr, HAS_B: tl.constexpr, HAS_C: tl.constexpr, VEC: tl.constexpr,
-                   HAS_H0: tl.constexpr, REVERSE: tl.constexpr, VARLEN: tl.constexpr, DOT: tl.constexpr):
+                   HAS_H0: tl.constexpr, REVERSE: tl.constexpr, VARLEN: tl.constexpr, DOT: tl.constexpr,
+                   LOG_BT: tl.constexpr):
     i_v, i_r, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_b, i_h = i_bh // H, i_bh % H
     i_c = i_r // NRB
@@ -169,8 +238,12 @@ def _output_kernel(q, k, v, b, c, border, h0, o, cu, chunk_seq, chunk_start, T, 
             acc = acc * tl.exp(ci)
         # intra-chunk part, one key block at a time
         if REVERSE:
-            acc += _diag(q_base, k_base, v_base, b_base, c_base, rows, mi, vc, mv, K, V, H, DB, BT, BK, BV,
-                         HAS_B, HAS_C, VEC, REVERSE, DOT)
+            if VEC:
+                acc += _diag_vec(q_base, k_base, v_base, b_base, c_base, rows, mi, ce, vc, mv, K, V, H, DB, BT, BK,
+                                 BV, LOG_BT, HAS_B, HAS_C, REVERSE, DOT)
+            else:
+                acc += _diag(q_base, k_base, v_base, b_base, c_base, rows, mi, vc, mv, K, V, H, DB, BT, BK, BV,
+                             HAS_B, HAS_C, VEC, REVERSE, DOT)
             for js in range(rs + BT, ce, BT):
                 acc += _offdiag(q_base, k_base, v_base, b_base, c_base, rows, mi, js, ce, vc, mv, K, V, H, DB, BT,
                                 BK, BV, HAS_B, HAS_C, VEC, REVERSE, DOT)
@@ -178,8 +251,12 @@ def _output_kernel(q, k, v, b, c, border, h0, o, cu, chunk_seq, chunk_start, T, 
             for js in range(cs, rs, BT):
                 acc += _offdiag(q_base, k_base, v_base, b_base, c_base, rows, mi, js, ce, vc, mv, K, V, H, DB, BT,
                                 BK, BV, HAS_B, HAS_C, VEC, REVERSE, DOT)
-            acc += _diag(q_base, k_base, v_base, b_base, c_base, rows, mi, vc, mv, K, V, H, DB, BT, BK, BV,
-                         HAS_B, HAS_C, VEC, REVERSE, DOT)
+            if VEC:
+                acc += _diag_vec(q_base, k_base, v_base, b_base, c_base, rows, mi, ce, vc, mv, K, V, H, DB, BT, BK,
+                                 BV, LOG_BT, HAS_B, HAS_C, REVERSE, DOT)
+            else:
+                acc += _diag(q_base, k_base, v_base, b_base, c_base, rows, mi, vc, mv, K, V, H, DB, BT, BK, BV,
+                             HAS_B, HAS_C, VEC, REVERSE, DOT)
         tl.store(o + row0 * V + ri[:, None] * V + vc[None, :], acc * scale, mask=mi[:, None] & mv[None, :])
 
 
@@ -203,5 +280,5 @@ def chunk_output(q, k, v, b, c, border, h0, scale, layout, reverse, dot):
                          (c.stride(0) if c is not None and c.shape[0] > 1 else 0), float(scale),
                          DB=b.shape[-1] if b is not None else 1, C=C, NRB=C // BT, BT=BT, BK=BK, BV=BV,
                          HAS_B=b is not None, HAS_C=c is not None, VEC=vec, HAS_H0=h0 is not None,
-                         REVERSE=reverse, VARLEN=layout.varlen, DOT=dot, num_warps=W)
+                         REVERSE=reverse, VARLEN=layout.varlen, DOT=dot, LOG_BT=BT.bit_length() - 1, num_warps=W)
     return o
