@@ -15,60 +15,24 @@ import subprocess
 import sys
 
 import torch
-import torch.nn.functional as F
 import triton
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 import ula  # noqa: E402
+from ula.bench.measure import measure, ours as _ours  # noqa: E402  (shared with `ula bench`)
 
 OUT = os.environ.get("OUT", "/tmp")
 dev, dt = "cuda", torch.bfloat16
+
+
+def ours(kind, B, T, H, K, V, C=None):
+    return _ours(kind, B, T, H, K, V, C=C, device=dev, dtype=dt)
+
 # peer kernels of the yardstick script that compute the same thing as each of our decay kinds
 PEERS = {"none": ["fla_chunk_linear_attn"],
          "constant": ["fla_chunk_simple_gla_const", "lightning_attn2_const"],
          "scalar": ["tfla_mlstm_sig_xl_chunk128"],
          "vector": ["fla_chunk_gla_vector"]}
-
-
-def measure(fn, args):
-    """(fwd ms, fwd+bwd ms, peak MiB of fwd+bwd above what the inputs hold), like the yardstick."""
-    with torch.no_grad():
-        fn(*args)
-    t_f = triton.testing.do_bench(lambda: fn(*args), warmup=25, rep=100, return_mode="median")
-    o = fn(*args)
-    do = torch.randn_like(o)
-    leaves = [a for a in args if isinstance(a, torch.Tensor) and a.requires_grad]
-
-    def fb():
-        fn(*args).backward(do)
-
-    fb()
-    t_fb = triton.testing.do_bench(fb, warmup=25, rep=100, return_mode="median", grad_to_none=leaves)
-    for a in leaves:
-        a.grad = None
-    torch.cuda.synchronize()
-    torch.cuda.reset_peak_memory_stats()
-    base = torch.cuda.memory_allocated()
-    fb()
-    torch.cuda.synchronize()
-    return t_f, t_fb, (torch.cuda.max_memory_allocated() - base) / 2**20
-
-
-def ours(kind, B, T, H, K, V, C=None):
-    r = lambda *s, sc=1.0: (torch.randn(*s, device=dev, dtype=dt) * sc).requires_grad_()  # noqa: E731
-    q, k, v = r(B, T, H, K, sc=K ** -0.5), r(B, T, H, K, sc=K ** -0.5), r(B, T, H, V)
-    if kind == "none":
-        return (lambda q, k, v: ula.linear_attention(q, k, v, chunk_size=C)[0]), [q, k, v]
-    if kind == "constant":
-        g = (-torch.arange(1, H + 1, device=dev, dtype=torch.float32) / H)
-        return (lambda q, k, v: ula.linear_attention(q, k, v, g, chunk_size=C)[0]), [q, k, v]
-    if kind == "scalar":  # mLSTMsig: input gate folded into k, forget gate as the scalar log decay
-        i = (torch.randn(B, T, H, device=dev, dtype=dt) - 2).requires_grad_()
-        f = (torch.randn(B, T, H, device=dev, dtype=dt) + 4).requires_grad_()
-        return (lambda q, k, v, i, f: ula.linear_attention(q, k * torch.sigmoid(i).unsqueeze(-1), v,
-                                                           F.logsigmoid(f.float()), chunk_size=C)[0]), [q, k, v, i, f]
-    g = F.logsigmoid(torch.randn(B, T, H, K, device=dev, dtype=torch.float32) + 4).requires_grad_()
-    return (lambda q, k, v, g: ula.linear_attention(q, k, v, g, chunk_size=C)[0]), [q, k, v, g]
 
 
 def peer_rows(names, shape):

@@ -1,7 +1,7 @@
 """Sweep of the Triton kernels' tile sizes and warps (ULA_TUNE_<KERNEL>, see ula/core/triton/utils.py):
 forward and forward+backward median ms per configuration, bf16, B=2 T=8192 H=16 K=V=128.
 
-    python3 benchmarks/gpu_tile_sweep.py     # writes $OUT/tile_sweep.json, prints the table
+    python3 benchmarks/gpu_tile_sweep.py [vector,vector_c128,none,none_state]   # writes $OUT/tile_sweep.json
 
 The output of each configuration is compared with the default configuration's (a broken tiling shows as
 a large difference); correctness itself is checked by benchmarks/gpu_check_triton.py and the tests."""
@@ -15,12 +15,15 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 from gpu_core_vs_peers import measure, ours  # noqa: E402
 
 SHAPE = (2, 8192, 16, 128, 128)
+# name -> (decay kind, kernel whose tiles vary, configurations "BT,BK,BV,warps", chunk size or None)
 SWEEP = {
-    "vector": ("OUTPUT_VEC", ["16,32,32,4", "16,32,64,4", "16,64,64,4", "16,32,64,8", "32,32,32,4", "32,32,64,8",
-                              "32,64,64,8", "16,64,128,8"]),
-    "none": ("OUTPUT", ["64,64,64,4", "64,64,128,8", "128,64,64,8", "64,128,64,8", "32,64,64,4", "64,64,64,8"]),
-    "none_state": ("STATE", ["64,64,64,4", "64,64,128,8", "64,128,64,8", "128,64,64,8", "32,64,64,4",
-                             "64,32,64,4", "64,64,32,4"]),
+    "vector": ("vector", "OUTPUT_VEC", ["16,32,64,4", "32,32,64,4", "32,64,64,4", "64,32,64,4", "64,32,64,8",
+                                        "32,32,64,8", "16,64,64,4"], None),
+    "vector_c128": ("vector", "OUTPUT_VEC", ["16,32,64,4", "32,32,64,4", "64,32,64,8"], 128),
+    "none": ("none", "OUTPUT", ["64,64,64,4", "64,64,128,8", "128,64,64,8", "64,128,64,8", "32,64,64,4",
+                                "64,64,64,8"], None),
+    "none_state": ("none", "STATE", ["64,64,64,4", "64,64,128,8", "64,128,64,8", "128,64,64,8", "32,64,64,4",
+                                     "64,32,64,4", "64,64,32,4"], None),
 }
 
 
@@ -28,10 +31,11 @@ def main():
     out = os.environ.get("OUT", "/tmp")
     meta = dict(device=torch.cuda.get_device_name(), torch=torch.__version__)
     rows = []
-    for name, (kernel, configs) in SWEEP.items():
-        kind = name.split("_")[0]
+    only = sys.argv[1].split(",") if len(sys.argv) > 1 else list(SWEEP)  # e.g. vector,vector_c128
+    for name in only:
+        kind, kernel, configs, C = SWEEP[name]
         torch.manual_seed(0)
-        fn, args = ours(kind, *SHAPE)
+        fn, args = ours(kind, *SHAPE, C=C)
         with torch.no_grad():
             ref = fn(*args).float()
         for cfg in configs:
@@ -40,18 +44,20 @@ def main():
                 with torch.no_grad():
                     diff = ((fn(*args).float() - ref).norm() / ref.norm()).item()
                 f, fb, mem = measure(fn, args)
-                rows.append(dict(kind=kind, kernel=kernel, cfg=cfg, fwd_ms=f, fwdbwd_ms=fb, peak_mib=mem, diff=diff))
+                rows.append(dict(kind=kind, kernel=kernel, cfg=cfg, chunk=C, fwd_ms=f, fwdbwd_ms=fb, peak_mib=mem,
+                                 diff=diff))
             except Exception as e:
-                rows.append(dict(kind=kind, kernel=kernel, cfg=cfg, error=repr(e)[:200]))
+                rows.append(dict(kind=kind, kernel=kernel, cfg=cfg, chunk=C, error=repr(e)[:200]))
             print(json.dumps(rows[-1]), flush=True)
         del os.environ[f"ULA_TUNE_{kernel}"]
     json.dump(dict(meta=meta, shape=SHAPE, rows=rows), open(os.path.join(out, "tile_sweep.json"), "w"), indent=1)
     print(meta)
     for r in rows:
         if "error" in r:
-            print(f"{r['kind']:<8}{r['kernel']:<12}{r['cfg']:<14} ERROR {r['error'][:80]}")
+            print(f"{r['kind']:<8}{r['kernel']:<12}{r['cfg']:<14}{str(r['chunk']):<6} ERROR {r['error'][:80]}")
         else:
-            print(f"{r['kind']:<8}{r['kernel']:<12}{r['cfg']:<14}{r['fwd_ms']:8.3f}{r['fwdbwd_ms']:9.3f}  diff {r['diff']:.1e}")
+            print(f"{r['kind']:<8}{r['kernel']:<12}{r['cfg']:<14}{str(r['chunk']):<6}{r['fwd_ms']:8.3f}{r['fwdbwd_ms']:9.3f}"
+                  f"{r['peak_mib']:8.0f}  diff {r['diff']:.1e}")
 
 
 if __name__ == "__main__":

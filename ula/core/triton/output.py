@@ -85,15 +85,14 @@ def _diag_vec(q_base, k_base, v_base, b_base, c_base, rows, mi, ce, vc, mv, K, V
         dd += tl.sum(qt * kt, 1)
     out = dd[:, None] * vt
     for lvl in tl.static_range(LOG_BT):
-        h: tl.constexpr = BT >> (lvl + 1)
-        piece = idx // (2 * h)
-        later = (idx % (2 * h)) >= h
+        piece = idx // (BT >> lvl)
+        later = (idx % (BT >> lvl)) >= (BT >> (lvl + 1))
         if REVERSE:  # queries before keys: query rows in the earlier half, reference = first step of the later
             qsel, ksel = ~later, later
-            ref = piece * (2 * h) + h
+            ref = piece * (BT >> lvl) + (BT >> (lvl + 1))
         else:
             qsel, ksel = later, ~later
-            ref = piece * (2 * h) + h - 1
+            ref = piece * (BT >> lvl) + (BT >> (lvl + 1)) - 1
         ref_rows = rows - idx + ref
         ref_ok = ref_rows < ce
         qsel = qsel & mi & ref_ok
