@@ -5,7 +5,7 @@ setup:
 	@bash scripts/setup.sh
 
 demo: setup
-	.venv/bin/python -m ula.showcase
+	.venv/bin/python -m ula demo
 
 test: setup
 	.venv/bin/python -m pytest -q tests

@@ -1,0 +1,111 @@
+"""Smoke tests of the `ula` command on the CPU with tiny settings: every subcommand writes its files,
+the JSON parses, a resumed run reproduces the uninterrupted run's losses bitwise, errors are clear."""
+import json
+import os
+
+import pytest
+import torch
+
+from ula.cli import main
+from ula.demo.mqar import IGNORE, mqar_batch
+from ula.train.schedule import lr_factor
+
+THREADS = ["--threads", str(torch.get_num_threads())]   # leave the test process's thread count alone
+TINY_TRAIN = ["--d-model", "16", "--heads", "2", "--layers", "1", "--seq-len", "16", "--batch-size", "2",
+              "--eval-batches", "1", "--warmup", "1", "--device", "cpu"] + THREADS
+
+
+def _json(path):
+    with open(path) as f:
+        return json.load(f)
+
+
+def test_mqar_batch_pairs_and_targets():
+    g = torch.Generator().manual_seed(0)
+    for T in (None, 40):
+        x, y = mqar_batch(4, 5, 32, T, g)
+        assert x.shape == y.shape == (4, T or 20)
+        for b in range(4):
+            pairs = {int(x[b, 2 * i]): int(x[b, 2 * i + 1]) for i in range(5)}
+            assert len(pairs) == 5 and all(1 <= k < 16 <= v < 32 for k, v in pairs.items())
+            where = (y[b] != IGNORE).nonzero().flatten().tolist()
+            assert len(where) == 5 and all(p >= 10 for p in where)
+            assert all(pairs[int(x[b, p])] == int(y[b, p]) == int(x[b, p + 1]) for p in where)
+    with pytest.raises(ValueError):
+        mqar_batch(1, 20, 32)
+
+
+def test_demo_tiny(tmp_path, capsys):
+    out = tmp_path / "demo"
+    assert main(["demo", "--tiny", "--out", str(out), "--device", "cpu"] + THREADS) == 0
+    res = _json(out / "results.json")
+    assert [r["mixer"] for r in res["results"]] == ["linear", "gla", "softmax"]
+    for r in res["results"]:
+        assert 0.0 <= r["accuracy"] <= 1.0 and r["state_numbers"] > 0 and r["runs"][0]["loss_curve"]
+    assert (out / "mqar.png").stat().st_size > 1000
+    assert "accuracy %" in capsys.readouterr().out
+
+
+def test_train_resume_is_exact_and_generate(tmp_path, capsys):
+    a, b = tmp_path / "a", tmp_path / "b"
+    assert main(["train", "--steps", "4", "--save-every", "2", "--eval-every", "2", "--out", str(a)] + TINY_TRAIN) == 0
+    m = _json(a / "metrics.json")
+    assert m["steps_done"] == 4 and m["final_val_bpb"] > 0 and (a / "loss.png").exists()
+    assert sorted(os.listdir(a / "checkpoints")) == ["step-000002", "step-000004"]
+    assert main(["train", "--resume", str(a / "checkpoints" / "step-000002"), "--out", str(b)] + THREADS) == 0
+    full, resumed = m["history"]["train"], _json(b / "metrics.json")["history"]["train"]
+    assert [r[0] for r in resumed] == [1, 2, 3, 4]
+    assert resumed[2][1] == full[2][1] and resumed[3][1] == full[3][1]     # steps 3 and 4, bitwise
+    capsys.readouterr()
+    assert main(["generate", str(a), "--prompt", "The ", "--max-new-tokens", "8", "--device", "cpu"]) == 0
+    assert capsys.readouterr().out.startswith("The ")
+
+
+def test_train_errors(tmp_path, capsys):
+    assert main(["train", str(tmp_path / "nope.txt")] + TINY_TRAIN) == 2
+    assert "does not exist" in capsys.readouterr().err
+    (tmp_path / "empty").mkdir()
+    assert main(["train", str(tmp_path / "empty")] + TINY_TRAIN) == 2
+    assert "is empty" in capsys.readouterr().err
+    f = tmp_path / "small.txt"
+    f.write_text("hello world " * 10)
+    a = tmp_path / "a"
+    assert main(["train", str(f), "--steps", "1", "--out", str(a)] + TINY_TRAIN) == 0
+    capsys.readouterr()
+    assert main(["train", "--resume", str(a), "--d-model", "32", "--out", str(tmp_path / "b")] + THREADS) == 2
+    assert "another model shape" in capsys.readouterr().err
+    assert main(["generate", str(tmp_path / "empty")]) == 2
+    assert "no checkpoint" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU fallback")
+def test_missing_gpu_falls_back_to_cpu(tmp_path, capsys):
+    args = TINY_TRAIN[:-len(THREADS) - 2] + THREADS
+    assert main(["train", "--steps", "1", "--device", "cuda", "--out", str(tmp_path / "c")] + args) == 0
+    assert "falling back to the CPU" in capsys.readouterr().out
+
+
+def test_bench_cpu(tmp_path, capsys):
+    out = tmp_path / "bench"
+    assert main(["bench", "--seq-lens", "32,64", "--kinds", "none,vector", "--reps", "1", "--out", str(out)]
+                + THREADS) == 0
+    res = _json(out / "results.json")
+    kernels = {r["kernel"] for r in res["rows"]}
+    assert {"ula_none", "ula_vector", "sdpa_causal"} <= kernels
+    assert all("error" not in r and r["fwdbwd_ms"] > 0 for r in res["rows"])
+    assert (out / "time.png").exists()
+    if not torch.cuda.is_available():
+        assert "peers" in capsys.readouterr().out
+
+
+def test_schedules():
+    assert lr_factor(0, 100, "cosine", warmup=10) == pytest.approx(0.1)
+    assert lr_factor(10, 100, "cosine", warmup=10) == pytest.approx(1.0)
+    assert lr_factor(100, 100, "cosine", warmup=10, min_ratio=0.1) == pytest.approx(0.1)
+    assert lr_factor(50, 100, "wsd", warmup=10, decay_frac=0.2) == 1.0
+    assert lr_factor(90, 100, "wsd", warmup=10, decay_frac=0.2, min_ratio=0.0) == pytest.approx(0.5)
+
+
+def test_no_command_prints_help(capsys):
+    assert main([]) == 2
+    assert "demo" in capsys.readouterr().out

@@ -1,0 +1,94 @@
+"""`ula bench`: ours (every decay kind) against the installed peers over sequence lengths, one run:
+forward and forward+backward time, peak memory (GPU); a table, results.json, time.png and memory.png.
+On a CPU only ours and SDPA are timed (the peers are GPU kernels), with no memory figure."""
+import json
+import os
+import platform
+import time
+
+import torch
+
+import ula
+
+from .measure import measure_on, ours
+from .peers import GPU_ONLY, PEERS, installed
+
+
+def _row(kernel, kind, T, shape, fn_args, device, reps):
+    fn, args = fn_args
+    f, fb, mem = measure_on(device, fn, args, reps)
+    return dict(kernel=kernel, kind=kind, T=T, shape=shape, fwd_ms=f, fwdbwd_ms=fb, peak_mib=mem)
+
+
+def run_bench(out_dir, kinds=("none", "constant", "scalar", "vector"), seq_lens=None, batch=None, heads=None,
+              head_dim=None, peers=True, device="auto", reps=None):
+    from ..train.loop import pick_device
+    dev = pick_device(device)
+    gpu = dev.type == "cuda"
+    if not gpu:
+        print("note: no CUDA GPU in use, so the peers (GPU kernels: fla, mlstm-kernels, lightning-attn) are "
+              "skipped; timing ours (PyTorch chunk path) and SDPA on the CPU, float32, no memory figures")
+    dt = torch.bfloat16 if gpu else torch.float32
+    seq_lens = seq_lens or ([1024, 2048, 4096, 8192, 16384] if gpu else [256, 512, 1024])
+    B = batch or (4 if gpu else 1)
+    H = heads or (16 if gpu else 2)
+    D = head_dim or (128 if gpu else 32)
+    reps = reps or 3
+    bad = [k for k in kinds if k not in ("none", "constant", "scalar", "vector")]
+    if bad:
+        raise ValueError(f"unknown kinds {bad}; choose from none, constant, scalar, vector")
+    os.makedirs(out_dir, exist_ok=True)
+    meta = dict(device=torch.cuda.get_device_name(dev) if gpu else f"CPU ({platform.processor() or platform.machine()}, "
+                f"{torch.get_num_threads()} threads)", torch=torch.__version__, ula=ula.__version__,
+                peers_installed=installed(), dtype=str(dt).replace("torch.", ""), B=B, H=H, K=D, V=D,
+                seq_lens=seq_lens, time=time.strftime("%Y-%m-%d %H:%M:%S"))
+    if gpu:
+        try:
+            import triton
+            meta["triton"] = triton.__version__
+        except ImportError:
+            pass
+    print(json.dumps(meta))
+    rows, skipped = [], {}
+    for T in seq_lens:
+        shape = f"B{B}_T{T}_H{H}_K{D}_V{D}"
+        cases = [(f"ula_{k}", k, lambda k=k: ours(k, B, T, H, D, D, device=dev, dtype=dt)) for k in kinds]
+        if peers:
+            for kind in list(kinds) + ["softmax"]:
+                for name, make in PEERS[kind]:
+                    if not gpu and name in GPU_ONLY:
+                        skipped[name] = "GPU kernel, CPU run"
+                        continue
+                    cases.append((name, kind, lambda make=make: make(B, T, H, D, D, dev, dt)))
+        for name, kind, make in cases:
+            if gpu:
+                torch.cuda.empty_cache()
+            try:
+                rows.append(_row(name, kind, T, shape, make(), dev, reps))
+            except ImportError as e:
+                skipped[name] = f"not installed ({e})"
+                continue
+            except Exception as e:  # one failure must not hide the other numbers
+                rows.append(dict(kernel=name, kind=kind, T=T, shape=shape, error=repr(e)[:300]))
+            print(json.dumps(rows[-1]), flush=True)
+    res = dict(meta=meta, rows=rows, skipped=skipped)
+    with open(os.path.join(out_dir, "results.json"), "w") as f:
+        json.dump(res, f, indent=1)
+    from .plots import plot_bench
+    plot_bench(res, out_dir)
+    print(format_table(res))
+    if skipped:
+        print("skipped: " + "; ".join(f"{k}: {v}" for k, v in skipped.items()))
+    print(f"wrote {out_dir}/results.json, time.png" + (", memory.png" if gpu else ""))
+    return res
+
+
+def format_table(res):
+    lines = [f"{'kernel':<30}{'kind':<10}{'T':>7}{'fwd ms':>10}{'f+b ms':>10}{'peak MiB':>10}"]
+    for r in res["rows"]:
+        if "error" in r:
+            lines.append(f"{r['kernel']:<30}{r['kind']:<10}{r['T']:>7}  ERROR {r['error'][:60]}")
+            continue
+        mem = "" if r["peak_mib"] is None else f"{r['peak_mib']:.1f}"
+        lines.append(f"{r['kernel']:<30}{r['kind']:<10}{r['T']:>7}{r['fwd_ms']:>10.3f}{r['fwdbwd_ms']:>10.3f}{mem:>10}")
+    return "\n".join(lines)

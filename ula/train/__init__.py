@@ -1,0 +1,7 @@
+"""`ula train` / `ula generate`: byte-level causal LM training with exact resume."""
+from .checkpoint import CheckpointError
+from .data import DataError, load_corpus
+from .loop import train
+from .schedule import lr_factor
+
+__all__ = ["train", "load_corpus", "lr_factor", "DataError", "CheckpointError"]
