@@ -152,6 +152,7 @@ def _worker(rank, R, init, seed, out):
         with open(f"{out}.{rank}", "w") as f:
             json.dump(results, f)
     finally:
+        dist.barrier()  # no rank tears gloo down while another still talks to it (that aborts the process)
         dist.destroy_process_group()
 
 
@@ -167,7 +168,14 @@ def test_context_parallel_equals_single_process(R):
     with tempfile.TemporaryDirectory() as d:
         out = os.path.join(d, "results")
         init = f"tcp://127.0.0.1:{_free_port()}"
-        mp.spawn(_worker, args=(R, init, seed, out), nprocs=R, join=True)
+        try:
+            mp.spawn(_worker, args=(R, init, seed, out), nprocs=R, join=True)
+        except mp.ProcessExitedException as e:
+            # gloo now and then aborts a process while it shuts down ("terminate called without an active
+            # exception"), after the results are written; a crash before that leaves a file missing below
+            if not all(os.path.exists(f"{out}.{r}") for r in range(R)):
+                raise
+            print(f"a rank died after writing its results ({e})")
         results = [json.load(open(f"{out}.{r}")) for r in range(R)]
     bad = []
     for rank_results in results:
