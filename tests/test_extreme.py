@@ -84,9 +84,13 @@ def _extreme_core_inputs(kind, backend, mix):
 @pytest.mark.parametrize("backend", ["torch", pytest.param("triton", marks=TRITON)])
 def test_core_extreme_decays(backend, kind, reverse, mix):
     """mix: "extreme" (0 and -200..-1e4 only, 1e-4), "mixed" (ordinary decays too: finite, MIXED_TOL),
-    "mixed-exact" (the same at 1e-4: xfail, CUMSUM_PRECISION)."""
+    "mixed-exact" (the same at 1e-4)."""
     seed = fresh_seed()
     errs = compare_with_reference(_core(backend), _extreme_core_inputs(kind, backend, mix), reverse=reverse)
+    if kind == "constant" and mix == "mixed-exact":
+        # a constant decay's gradient is one sum over B*T steps whose terms cancel (measured up to 1.3e-4
+        # here); held to 1e-3 as in tests/test_property.py
+        assert errs.pop("dld") <= 1e-3, seed
     _check(errs, seed, tol=MIXED_TOL if mix == "mixed" else TOL)
 
 
