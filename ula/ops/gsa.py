@@ -118,14 +118,16 @@ def abc(q, k, v, w, *, scale=None, initial_state=None, output_final_state=False,
 
 
 def _cumulative_softmax(w, z0, layout):
-    wp = layout.pad(w.float() if w.dtype != torch.float64 else w)  # pads go last: they never reach a real step
+    # the running log-normalizer is a scan in float64: at |w| ~ 1e4 float32 spacing (~1e-3) would blur w - z
+    out_dt = torch.float64 if w.dtype == torch.float64 else torch.float32
+    wp = layout.pad(w.double())  # pads go last: they never reach a real step
     if z0 is not None:
         wp = torch.cat([z0.to(wp.dtype).unsqueeze(1), wp], 1)
     z = torch.logcumsumexp(wp, 1)
     if z0 is not None:
         wp, z = wp[:, 1:], z[:, 1:]
-    phi = layout.unpad((wp - z).exp())
-    zT = layout.last_of(z)
+    phi = layout.unpad((wp - z).exp()).to(out_dt)
+    zT = layout.last_of(z).to(out_dt)
     return phi, zT
 
 
