@@ -14,3 +14,16 @@ if not _cuda:
 os.environ.setdefault("ULA_POISON_OUTPUTS", "1")
 
 sys.path.insert(0, os.path.dirname(__file__))
+
+
+import pytest  # noqa: E402
+
+
+@pytest.fixture
+def one_thread():
+    """Tiny tensors: one intra-op thread is faster and, on a busy 2-core machine, avoids spinning threads."""
+    import torch
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)

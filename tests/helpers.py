@@ -66,3 +66,7 @@ def compare_with_reference(fn, inputs, *, final=True, **kw):
             assert a.grad is not None, f"no gradient for {name}"
             errs["d" + name] = rel(a.grad, b.grad)
     return errs
+
+
+# mixer sizes small enough for CPU tests of layers and models
+SMALL_MIXER_KWARGS = {"gsa": dict(num_slots=8), "mamba2": dict(d_state=8)}

@@ -8,14 +8,9 @@ import torch.nn.functional as F
 
 import ula
 from helpers import KINDS, fresh_seed, make_inputs
+from test_ops_refs import _flat
 
 
-def _flat(x):
-    if x is None:
-        return []
-    if isinstance(x, (tuple, list)):
-        return [z for y in x for z in _flat(y)]
-    return [x]
 
 
 def _run(fn, inputs, seed):

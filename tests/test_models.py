@@ -4,21 +4,14 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from helpers import fresh_seed, rel
+from helpers import SMALL_MIXER_KWARGS as SMALL, fresh_seed, rel
 from ula.layers import LINEAR_MIXERS, MIXERS
 from ula.models import CausalLM, LMConfig, sample_next
 
 V = 64
-SMALL = {"gsa": dict(num_slots=8), "mamba2": dict(d_state=8)}
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """Tiny tensors: one intra-op thread is faster and, on a busy 2-core machine, avoids spinning threads."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def tiny(name, **kw):
