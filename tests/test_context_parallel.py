@@ -1,7 +1,7 @@
 """Context parallelism (ula/core/context_parallel.py) on CPU: 2 and 4 processes with the gloo backend, each
-holding a contiguous (unequal) slice of T; outputs and all gradients equal the single-process
-`ula.linear_attention` on the whole sequence (float32, relative error <= 1e-5). Many cases run inside one
-spawned group (spawning is the slow part)."""
+holding a contiguous (unequal) slice of T; outputs, final states and all gradients equal the single-process
+`ula.linear_attention` (and gla, mlstm sig / exp) on the whole sequence (float32, relative error <= 1e-5).
+Many cases run inside one spawned group (spawning is the slow part)."""
 import json
 import os
 import socket
@@ -45,6 +45,16 @@ def _cases(R):
     cases.append(dict(op="gla", varlen=[0, 5, 40, 61], B=1, T=61, h0=True, final=True))
     cases.append(dict(op="mlstm_sig", varlen=False, B=2, T=61, h0=True, final=True))
     cases.append(dict(op="mlstm_sig", varlen=[0, 20, 61], B=1, T=61, h0=True, final=True))
+    # mLSTMexp: the max state m crosses the ranks too; its initial state is the tuple (C, n, m)
+    cu = {2: [0, 9, 20, 45, 61], 4: [0, 3, 7, 30, 50, 61]}[R]
+    cases.append(dict(op="mlstm_exp", varlen=False, B=2, T=61, h0=True, final=True))
+    cases.append(dict(op="mlstm_exp", varlen=False, B=2, T=61, h0=True, final=True, h0_rank0_only=True))
+    cases.append(dict(op="mlstm_exp", varlen=False, B=1, T=61, h0=False, final=False))
+    cases.append(dict(op="mlstm_exp", varlen=cu, B=1, T=61, h0=True, final=True))
+    cases.append(dict(op="mlstm_exp", varlen=[0, 61], B=1, T=61, h0=False, final=True))
+    # a large input gate early on: the max state set on the first rank rules the later ranks' outputs
+    cases.append(dict(op="mlstm_exp", varlen=False, B=2, T=61, h0=False, final=True, spike=True))
+    cases.append(dict(op="mlstm_exp", varlen=False, B=2, T=61, h0=True, final=True, extreme=True))
     return cases
 
 
@@ -59,6 +69,19 @@ def _inputs(case, H=2, K=8, V=12):
         g = torch.nn.functional.logsigmoid(torch.randn(B, T, H, K) + 3.0)
         return q, k, v, g, None, s0
     i, f = torch.randn(B, T, H), torch.randn(B, T, H) + 2.0  # mlstm: (i, f) in the ld, rd slots
+    if op == "mlstm_sig":
+        return q, k, v, i, f, s0
+    # exp: positive q, k keep |nᵀq| away from 0 (h is ill-conditioned there; see tests/test_ops_mlstm.py)
+    q, k = q.abs() + 0.1, k.abs() + 0.1
+    i = i * 3
+    if case.get("spike"):  # forget gates near 1: the max state set at t = 2 stays the max to the end, while the
+        # other inputs (weights exp(i - m) ~ 0.1..1) keep the state from being one token (dq would be ~0 then)
+        i, f = torch.rand(B, T, H) * 2.5 + 3.0, f + 4.0
+        i[:, 2] = 6.0
+    if case.get("extreme"):
+        i, f = torch.rand(B, T, H) * 60 - 30, torch.rand(B, T, H) * 16 - 6
+    if s0 is not None:
+        s0 = (s0, torch.randn(s0.shape[:3]).abs(), torch.randn(s0.shape[:2]))
     return q, k, v, i, f, s0
 
 
@@ -69,20 +92,37 @@ def _call(case, q, k, v, a, b, s0, cu, group):
         return ula.linear_attention(q, k, v, a, b, reverse=case["reverse"], cp_group=group, **kw)
     if op == "gla":
         return ula.gla(q, k, v, a, cp_group=group, **kw)
-    return ula.mlstm(q, k, v, a, b, variant="sig", cp_group=group, **kw)
+    return ula.mlstm(q, k, v, a, b, variant=op[6:], cp_group=group, **kw)
+
+
+def _flat(full):
+    """(names, tensors): the inputs with an mLSTMexp state tuple (C, n, m) spread out."""
+    *head, s0 = full
+    if isinstance(s0, tuple):
+        return NAMES[:5] + ("initial_C", "initial_n", "initial_m"), list(head) + list(s0)
+    return NAMES, list(full)
+
+
+def _unflat(xs):
+    return xs[:5] + [xs[5] if len(xs) == 6 else (None if xs[5] is None else tuple(xs[5:]))]
+
+
+def _states(S):
+    return list(S) if isinstance(S, tuple) else [S]
 
 
 def _run_case(case, seed, rank, R, group):
     torch.manual_seed(seed)
-    full = _inputs(case)
+    names, full = _flat(_inputs(case))
     B, T = case["B"], case["T"]
     cu = torch.tensor(case["varlen"]) if case["varlen"] else None
     do = torch.randn(B, T, *full[2].shape[2:])
     # single process on the whole sequence
     ref = [None if x is None else x.clone().requires_grad_() for x in full]
-    o_ref, S_ref = _call(case, *ref, cu, None)
-    dS = torch.randn_like(S_ref) if S_ref is not None else None
-    loss = (o_ref * do).sum() + ((S_ref * dS).sum() if dS is not None else 0)
+    o_ref, S_ref = _call(case, *_unflat(ref), cu, None)
+    S_ref = _states(S_ref) if S_ref is not None else None
+    dS = [torch.randn_like(x) for x in S_ref] if S_ref is not None else None
+    loss = (o_ref * do).sum() + (sum((x * d).sum() for x, d in zip(S_ref, dS)) if dS is not None else 0)
     loss.backward()
     # this rank's slice
     lengths = _slices(R, T)
@@ -92,7 +132,7 @@ def _run_case(case, seed, rank, R, group):
     def cut(name, x):
         if x is None:
             return None
-        if name == "initial_state":
+        if name.startswith("initial"):
             if case.get("h0_rank0_only") and rank != 0:
                 return None
             return x.clone().requires_grad_()
@@ -100,11 +140,11 @@ def _run_case(case, seed, rank, R, group):
             return x.clone().requires_grad_()
         return x[:, s:e].clone().requires_grad_()
 
-    mine = [cut(n, x) for n, x in zip(NAMES, full)]
-    o, S = _call(case, *mine, cu, group)
+    mine = [cut(n, x) for n, x in zip(names, full)]
+    o, S = _call(case, *_unflat(mine), cu, group)
     loss = (o * do[:, s:e]).sum()
     if dS is not None and rank == 0:  # the final state is replicated: its loss on one rank only
-        loss = loss + (S * dS).sum()
+        loss = loss + sum((x * d).sum() for x, d in zip(_states(S), dS))
     loss.backward()
     # gather outputs and gradients (sums over ranks of full-size buffers)
     o_full = torch.zeros_like(o_ref)
@@ -112,14 +152,15 @@ def _run_case(case, seed, rank, R, group):
     dist.all_reduce(o_full, group=group)
     errs = {"o": rel(o_full, o_ref)}
     if S_ref is not None:
-        errs["final_state"] = rel(S, S_ref)
-    for name, x, r in zip(NAMES, mine, ref):
+        for j, (x, r) in enumerate(zip(_states(S), S_ref)):
+            errs[f"final_state{j or ''}"] = rel(x, r)
+    for name, x, r in zip(names, mine, ref):
         if r is None:
             continue
         g = torch.zeros_like(r)
-        if x is not None and not (name == "initial_state" and x.grad is None):  # unused on this rank: no grad
+        if x is not None and not (name.startswith("initial") and x.grad is None):  # unused on this rank: no grad
             assert x.grad is not None, f"no gradient for {name} on rank {rank}"
-            if name == "initial_state" or x.dim() == 1:
+            if name.startswith("initial") or x.dim() == 1:
                 g += x.grad
             else:
                 g[:, s:e] = x.grad
@@ -132,11 +173,16 @@ def _bad_inputs_raise_everywhere(rank, R, group):
     """A shape that differs on one rank raises ValueError on every rank (no hang)."""
     H = 3 if rank == R - 1 else 2
     q = torch.randn(1, 5, H, 8)
-    try:
-        ula.linear_attention(q, q, q, cp_group=group)
-    except ValueError as e:
-        return "same H" in str(e)
-    return False
+    i = torch.randn(1, 5, H)
+    ok = []
+    for call in (lambda: ula.linear_attention(q, q, q, cp_group=group),
+                 lambda: ula.mlstm(q, q, q, i, i, variant="exp", cp_group=group)):
+        try:
+            call()
+            ok.append(False)
+        except ValueError as e:
+            ok.append("same H" in str(e))
+    return all(ok)
 
 
 def _worker(rank, R, init, seed, out):
@@ -190,10 +236,10 @@ def test_context_parallel_equals_single_process(R):
     assert not bad, f"{R} ranks, seed {seed}: {bad[:6]}"
 
 
-def test_exp_mlstm_refuses_cp_group():
+def test_mlstm_exp_cp_group_must_be_a_process_group():
     q = torch.randn(1, 4, 1, 8)
     i = torch.randn(1, 4, 1)
-    with pytest.raises(NotImplementedError, match="sig"):
+    with pytest.raises(TypeError, match="ProcessGroup"):
         ula.mlstm(q, q, q, i, i, variant="exp", cp_group=object())
 
 

@@ -51,6 +51,10 @@ from the rank where it ends). Gradient convention of torch.distributed.nn: the o
 the ranks' losses, so a loss on the replicated final state counts once per rank that puts it in its loss
 (put it on one rank only, or divide it by the group size).
 
+Ops on top: gla and mlstm(variant="sig") pass cp_group through; mlstm(variant="exp") first scans its max
+state across the ranks (ula/ops/mlstm.py, `_mlstm_exp_cp`) with the pieces of this module (`agree`, `slice_plans`,
+`gather`, `tie`), then calls it.
+
 Every rank must take part in the backward (backprop through o or the final state): the backward runs
 one collective, on every rank. The inputs on all ranks must agree in B, H, K, V, dtype, decay kind,
 flags and cu_seqlens; this is checked with one small all-gather of metadata before any other collective,
@@ -106,6 +110,25 @@ class _Tie(torch.autograd.Function):
         return g, torch.zeros(shape, dtype=dtype, device=device)
 
 
+def gather(x, group, differentiable):
+    """x [n] of every rank of `group` -> [R, n] in rank order; differentiable: through `_AllGather` (the backward
+    runs a collective on every rank), else a plain all-gather."""
+    return _AllGather.apply(x, group) if differentiable else _gather_plain(x, group)
+
+
+def tie(x, anchor):
+    """x unchanged, its backward reaching the collective that made `anchor` (see `_Tie`)."""
+    return _Tie.apply(x, anchor)
+
+
+def local_offsets(plan, cu_seqlens):
+    """The slice's own cu_seqlens (offsets of its pieces inside the slice) from its plan; None without varlen."""
+    if cu_seqlens is None:
+        return None
+    pieces = plan["pieces"]
+    return torch.tensor([a for _, a, _ in pieces] + [pieces[-1][2]], dtype=cu_seqlens.dtype, device=cu_seqlens.device)
+
+
 def _canonical_left(ld, T):
     """[H] / [B, T, H] / [B, T, H, K] log decay -> broadcastable [B|1, T, H, K|1] (views)."""
     if ld is None or ld.dim() == 4:
@@ -119,24 +142,38 @@ def _ld_code(ld):
     return 0 if ld is None else {1: 1, 3: 2, 4: 3}.get(ld.dim(), 9)
 
 
+def check_global_cu(cu_seqlens, B):
+    """The global `cu_seqlens` of a context-parallel call (None, or int [N + 1] from 0, strictly increasing, with
+    B == 1); returns the number of sequences N (B without cu_seqlens). Its end is checked against the total length
+    by `slice_plans`, once the slice lengths are known."""
+    if cu_seqlens is None:
+        return B
+    if not isinstance(cu_seqlens, torch.Tensor) or cu_seqlens.dtype not in (torch.int32, torch.int64):
+        raise TypeError(f"cu_seqlens must be an int32 or int64 tensor, got {type(cu_seqlens).__name__}")
+    if cu_seqlens.dim() != 1 or cu_seqlens.numel() < 2:
+        raise ValueError(f"cu_seqlens must be 1-D [N + 1], got shape {tuple(cu_seqlens.shape)}")
+    if B != 1:
+        raise ValueError(f"cu_seqlens needs the sequences packed along T with B == 1, got B = {B}")
+    c = cu_seqlens.tolist()
+    if c[0] != 0 or any(b <= a for a, b in zip(c, c[1:])):
+        raise ValueError(f"cu_seqlens (global, over all ranks' slices) must start at 0 and be strictly "
+                         f"increasing, got {c}")
+    return len(c) - 1
+
+
+def cu_hash(cu_seqlens):
+    """A number that differs between ranks that pass different global cu_seqlens (compared by `agree`)."""
+    if cu_seqlens is None:
+        return -1
+    return sum((i + 1) * x for i, x in enumerate(cu_seqlens.tolist())) % (1 << 61)
+
+
 def _local_checks(q, k, v, ld, rd, scale, initial_state, cu_seqlens, chunk_size, backend):
     """The input checks of linear_attention on the slice, with the global cu_seqlens / initial_state."""
     check_linear_attention(q, k, v, ld, rd, scale, None, None, chunk_size, backend)
     B, T, H, K = q.shape
     V = v.shape[-1]
-    N = B
-    if cu_seqlens is not None:
-        if not isinstance(cu_seqlens, torch.Tensor) or cu_seqlens.dtype not in (torch.int32, torch.int64):
-            raise TypeError(f"cu_seqlens must be an int32 or int64 tensor, got {type(cu_seqlens).__name__}")
-        if cu_seqlens.dim() != 1 or cu_seqlens.numel() < 2:
-            raise ValueError(f"cu_seqlens must be 1-D [N + 1], got shape {tuple(cu_seqlens.shape)}")
-        if B != 1:
-            raise ValueError(f"cu_seqlens needs the sequences packed along T with B == 1, got B = {B}")
-        c = cu_seqlens.tolist()
-        if c[0] != 0 or any(b <= a for a, b in zip(c, c[1:])):
-            raise ValueError(f"cu_seqlens (global, over all ranks' slices) must start at 0 and be strictly "
-                             f"increasing, got {c}")
-        N = len(c) - 1
+    N = check_global_cu(cu_seqlens, B)
     if initial_state is not None:
         if not isinstance(initial_state, torch.Tensor) or tuple(initial_state.shape) != (N, H, K, V):
             got = tuple(initial_state.shape) if isinstance(initial_state, torch.Tensor) else type(initial_state).__name__
@@ -146,6 +183,46 @@ def _local_checks(q, k, v, ld, rd, scale, initial_state, cu_seqlens, chunk_size,
         if initial_state.dtype not in allowed or initial_state.device != q.device:
             raise TypeError(f"initial_state must be float32 on the device of q, got {initial_state.dtype} "
                             f"on {initial_state.device}")
+
+
+def agree(group, err, same, own, device, who):
+    """One small all-gather of every rank's check result and metadata, before any other collective, so that a
+    bad input on one rank raises on every rank (no hang). err: this rank's check error or None (raised here after
+    the gather). same: [(name, int)] that every rank must pass alike; own: [int] per-rank values (e.g. the slice
+    length). The lists have the same length on every rank (zeros where err is set).
+    Returns the `own` lists of all ranks, in rank order."""
+    vals = [int(err is None)] + [int(x) for _, x in same] + [int(x) for x in own]
+    t = torch.tensor(vals, dtype=torch.int64, device=device)
+    gathered = [torch.empty_like(t) for _ in range(dist.get_world_size(group))]
+    dist.all_gather(gathered, t, group=group)
+    metas = [g.tolist() for g in gathered]
+    if err is not None:
+        raise err
+    bad = [j for j, m in enumerate(metas) if not m[0]]
+    if bad:
+        raise ValueError(f"{who}: the inputs of rank(s) {bad} failed their checks (see there)")
+    for idx, (name, _) in enumerate(same, start=1):
+        got = [m[idx] for m in metas]
+        if len(set(got)) != 1:
+            raise ValueError(f"{who}: every rank of cp_group must pass the same {name}; got {got} (per rank)")
+    return [m[1 + len(same):] for m in metas]
+
+
+def slice_plans(lengths, c, reverse, has_h0, who):
+    """From the slice lengths of all ranks (rank order), the global offsets c (None without varlen) and which
+    ranks pass an initial state: (the plan of every rank (see `_plan`), the global start of every slice)."""
+    total = sum(lengths)
+    if c is not None and c[-1] != total:
+        raise ValueError(f"cu_seqlens must end at the total length over all ranks' slices, {total} "
+                         f"(slices {lengths}), got {c[-1]}")
+    starts = [sum(lengths[:j]) for j in range(len(lengths))]
+    plans = _plan(c if c is not None else [0, total], [(s, s + t) for s, t in zip(starts, lengths)], reverse)
+    if any(has_h0):
+        need = [j for j in range(len(lengths)) if any(plans[j]["starts"]) and not has_h0[j]]
+        if need:
+            raise ValueError(f"{who}: initial_state is given on some ranks but not on rank(s) {need}, "
+                             "where sequences start; pass it (the same tensor) there too")
+    return plans, starts
 
 
 def _plan(c, bounds, reverse):
@@ -197,53 +274,29 @@ def cp_linear_attention(q, k, v, ld=None, rd=None, *, cp_group, scale=None, init
                                 output_final_state=output_final_state, cu_seqlens=cu_seqlens,
                                 chunk_size=chunk_size, backend=backend, reverse=reverse)
     # 0. checks, then one metadata all-gather so that a bad input anywhere raises everywhere (no hang)
+    who = "cp_linear_attention"
     err = None
     try:
         _local_checks(q, k, v, ld, rd, scale, initial_state, cu_seqlens, chunk_size, backend)
     except (TypeError, ValueError) as e:
         err = e
-    ok = err is None
-    meta = [0] * 13
-    if ok:
+    names = ("B", "H", "K", "V", "ld kind", "rd given", "reverse", "output_final_state", "requires grad",
+             "number of sequences", "cu_seqlens")
+    vals, own = [0] * len(names), [0, 0]
+    if err is None:
         B, T, H, K = q.shape
         V = v.shape[-1]
         c = cu_seqlens.tolist() if cu_seqlens is not None else None
         tensors = (q, k, v, ld, rd, initial_state)
         needs_grad = torch.is_grad_enabled() and any(x is not None and x.requires_grad for x in tensors)
-        meta = [1, T, B, H, K, V, _ld_code(ld), int(rd is not None), int(bool(reverse)),
-                int(bool(output_final_state)), int(needs_grad), -1 if c is None else len(c) - 1,
-                0 if c is None else sum((i + 1) * x for i, x in enumerate(c)) % (1 << 61)]
-    meta_t = torch.tensor(meta + [int(initial_state is not None)], dtype=torch.int64, device=q.device)
-    gathered = [torch.empty_like(meta_t) for _ in range(R)]
-    dist.all_gather(gathered, meta_t, group=cp_group)
-    metas = [g.tolist() for g in gathered]
-    if not ok:
-        raise err
-    bad = [j for j, m in enumerate(metas) if not m[0]]
-    if bad:
-        raise ValueError(f"cp_linear_attention: the inputs of rank(s) {bad} failed their checks (see there)")
-    names = ("B", "H", "K", "V", "ld kind", "rd given", "reverse", "output_final_state", "requires grad",
-             "number of sequences", "cu_seqlens")
-    for idx, name in enumerate(names, start=2):
-        vals = [m[idx] for m in metas]
-        if len(set(vals)) != 1:
-            raise ValueError(f"cp_linear_attention: every rank of cp_group must pass the same {name}; got {vals} "
-                             "(per rank)")
-    lengths = [m[1] for m in metas]
+        vals = [B, H, K, V, _ld_code(ld), rd is not None, bool(reverse), bool(output_final_state), needs_grad,
+                -1 if c is None else len(c) - 1, cu_hash(cu_seqlens)]
+        own = [T, initial_state is not None]
+    metas = agree(cp_group, err, list(zip(names, vals)), own, q.device, who)
+    lengths = [m[0] for m in metas]
     total = sum(lengths)
-    if c is not None and c[-1] != total:
-        raise ValueError(f"cu_seqlens must end at the total length over all ranks' slices, {total} "
-                         f"(slices {lengths}), got {c[-1]}")
-    starts = [sum(lengths[:j]) for j in range(R)]
-    bounds = [(s, s + t) for s, t in zip(starts, lengths)]
     varlen = c is not None
-    plans = _plan(c if varlen else [0, total], bounds, bool(reverse))
-    has_h0 = [bool(m[13]) for m in metas]
-    if any(has_h0):
-        need = [j for j in range(R) if any(plans[j]["starts"]) and not has_h0[j]]
-        if need:
-            raise ValueError(f"cp_linear_attention: initial_state is given on some ranks but not on rank(s) {need}, "
-                             "where sequences start; pass it (the same tensor) there too")
+    plans, starts = slice_plans(lengths, c, bool(reverse), [bool(m[1]) for m in metas], who)
 
     scale = K ** -0.5 if scale is None else float(scale)
     sdt = torch.float64 if q.dtype == torch.float64 else torch.float32
@@ -251,16 +304,14 @@ def cp_linear_attention(q, k, v, ld=None, rd=None, *, cp_group, scale=None, init
     pieces = me["pieces"]
 
     # 1. local pass: the crossing-in piece starts from zero, pieces that start here from their initial state
+    cu_loc = local_offsets(me, cu_seqlens)
     if varlen:
-        cu_loc = torch.tensor([a for _, a, _ in pieces] + [pieces[-1][2]], dtype=cu_seqlens.dtype,
-                              device=cu_seqlens.device)
         h0_loc = None
         if initial_state is not None and any(me["starts"]):
             rows = [initial_state[n] if st else torch.zeros_like(initial_state[n])
                     for (n, _, _), st in zip(pieces, me["starts"])]
             h0_loc = torch.stack(rows)
     else:
-        cu_loc = None
         h0_loc = initial_state if me["starts"][0] else None
     o, F_loc = linear_attention(q, k, v, ld, rd, scale=scale, initial_state=h0_loc, output_final_state=True,
                                 cu_seqlens=cu_loc, chunk_size=chunk_size, backend=backend, reverse=reverse)
@@ -281,7 +332,7 @@ def cp_linear_attention(q, k, v, ld=None, rd=None, *, cp_group, scale=None, init
     if rows.shape[0] < nrows:
         rows = torch.cat([rows, rows.new_zeros((nrows - rows.shape[0],) + tuple(rows.shape[1:]))])
     buf = torch.cat([rows.reshape(-1), L0.reshape(-1), R0.reshape(-1)])
-    G = _AllGather.apply(buf, cp_group) if needs_grad else _gather_plain(buf, cp_group)
+    G = gather(buf, cp_group, needs_grad)
     n_st = nrows * Bs * H * K * V
     G_rows = G[:, :n_st].view(R, nrows, Bs, H, K, V)
     G_L = G[:, n_st:n_st + Bs * H * K].view(R, Bs, H, K)
@@ -315,7 +366,7 @@ def cp_linear_attention(q, k, v, ld=None, rd=None, *, cp_group, scale=None, init
         mid = (o[:, a0:b0].to(sdt) + corr * scale).to(o.dtype)
         o = torch.cat([o[:, :a0], mid, o[:, b0:]], 1)
     if needs_grad:
-        o = _Tie.apply(o, G)
+        o = tie(o, G)
 
     if not ofs:
         return o, None

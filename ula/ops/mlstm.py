@@ -74,15 +74,19 @@ def _straight_through_nonpositive(x):
     return x - x.detach().clamp_min(0)
 
 
-def _exp_gates(i, f, m0, layout):
-    """float64 gate prep. i, f [B, T, H] (packed); m0 [N, H] or None.
+def _exp_scan(i, f, layout):
+    """float64 padded logσ(f), i, F = cumsum logσ(f) and cummax(i − F) along time (from the first step given)."""
+    lf = layout.pad(F.logsigmoid(f.double()))
+    ip = layout.pad(i.double())
+    Fc = lf.cumsum(1)
+    return lf, ip, Fc, (ip - Fc).cummax(1).values
+
+
+def _exp_gates(i, f, m0, layout, scan=None):
+    """float64 gate prep. i, f [B, T, H] (packed); m0 [N, H] or None; scan: `_exp_scan` of them if at hand.
     Returns the core's log decay ld' and log input weight i - m̂ (m̂ detached), m [B, T, H] and m_T [N, H]
     (live), all float64."""
-    i, f = i.double(), f.double()
-    lf = layout.pad(F.logsigmoid(f))
-    ip = layout.pad(i)
-    Fc = lf.cumsum(1)
-    M = (ip - Fc).cummax(1).values
+    lf, ip, Fc, M = scan if scan is not None else _exp_scan(i, f, layout)
     M = torch.maximum(M, m0.double().unsqueeze(1)) if m0 is not None else M.clamp_min(0.0)
     m = Fc + M
     mh = m.detach()
@@ -104,11 +108,22 @@ def _denominator(den, m, eps):
     return torch.maximum(den.abs(), lower) + eps
 
 
+def _check_inputs(q, k, v, i, f, variant, initial_state, cu_seqlens, chunk_size, backend, scale, cp):
+    """The op's checks; with context parallelism (cp) cu_seqlens is global, its end checked with the slices."""
+    check_sequence(q, k, v, None if cp else cu_seqlens, chunk_size, backend, scale)
+    if cp:
+        from ..core.context_parallel import check_global_cu
+        check_global_cu(cu_seqlens, q.shape[0])
+    _check_gates("mlstm", q.shape[:3], "[B, T, H]", i, f)
+    _check_state("mlstm", variant, initial_state, num_sequences(q, cu_seqlens), *q.shape[2:], v.shape[-1],
+                 "B" if cu_seqlens is None else "N")
+
+
 def mlstm(q, k, v, i, f, variant="exp", *, eps=1e-6, scale=None, initial_state=None, output_final_state=False,
           cu_seqlens=None, chunk_size=64, backend="auto", cp_group=None):
     """The mLSTM cell (paper 003) on the core; see the module docstring for the equations.
-    cp_group: context parallelism over a torch.distributed group, variant "sig" only (see
-    ula/core/context_parallel.py); "exp" raises NotImplementedError (its max state m would need its own scan).
+    cp_group: context parallelism over a torch.distributed group, each rank passing its contiguous slice of T
+    (cu_seqlens global; see ula/core/context_parallel.py), both variants ("exp": see `_mlstm_exp_cp`).
 
     q, k [B, T, H, K]; v [B, T, H, V]; i, f [B, T, H] input and forget gate pre-activations.
     variant "exp" (exponential input gate, max and normalizer states) or "sig" (sigmoid input gate).
@@ -116,37 +131,120 @@ def mlstm(q, k, v, i, f, variant="exp", *, eps=1e-6, scale=None, initial_state=N
     States: "sig" C [B, H, K, V]; "exp" a tuple (C [B, H, K, V], n [B, H, K], m [B, H]), float32
     ([N, ...] with cu_seqlens). Returns (h [B, T, H, V], final state or None)."""
     _check_variant("mlstm", variant)
-    if cp_group is not None and variant == "exp":
-        raise NotImplementedError("mlstm: cp_group (context parallelism) supports variant='sig' only; "
-                                  "variant='exp' needs a cross-rank scan of its max state m, not implemented")
-    check_sequence(q, k, v, None if cp_group is not None else cu_seqlens, chunk_size, backend, scale)
-    _check_gates("mlstm", q.shape[:3], "[B, T, H]", i, f)
-    _check_state("mlstm", variant, initial_state, num_sequences(q, cu_seqlens), *q.shape[2:], v.shape[-1],
-                 "B" if cu_seqlens is None else "N")
     kw = dict(scale=scale, output_final_state=output_final_state, cu_seqlens=cu_seqlens, chunk_size=chunk_size,
               backend=backend)
+    if cp_group is not None and variant == "exp":
+        return _mlstm_exp_cp(q, k, v, i, f, eps, initial_state, cp_group, kw)
+    _check_inputs(q, k, v, i, f, variant, initial_state, cu_seqlens, chunk_size, backend, scale, cp_group is not None)
     ddt = decay_dtype(q)
     if variant == "sig":
         ks = k * torch.sigmoid(i.to(ddt)).unsqueeze(-1).to(k.dtype)
         return linear_attention(q, ks, v, F.logsigmoid(f.to(ddt)), initial_state=initial_state, cp_group=cp_group,
                                 **kw)
-    C0 = n0 = m0 = None
-    if initial_state is not None:
-        C0, n0, m0 = initial_state
+    m0 = None if initial_state is None else initial_state[2]
     layout = PackedLayout(cu_seqlens, q.shape[1], q.device)
     ldp, logw, m, mT = _exp_gates(i, f, m0, layout)
+    return _exp_run(q, k, v, ldp, logw, m, mT, initial_state, eps, kw)
+
+
+def _exp_run(q, k, v, ldp, logw, m, mT, initial_state, eps, kw, anchor=None):
+    """mLSTMexp from its gates (`_exp_gates`): one core call (keys k·exp(i − m̂), decay ld', values [v, 1]),
+    then the live max state put back and the normalizer divided out. anchor: tied to the keys (context
+    parallelism: see `_mlstm_exp_cp`)."""
     ks = k * logw.exp().unsqueeze(-1).to(k.dtype)
+    if anchor is not None:
+        from ..core.context_parallel import tie
+        ks = tie(ks, anchor)
     va = torch.cat([v, torch.ones_like(v[..., :1])], -1)
     S0 = None
-    if C0 is not None:
+    if initial_state is not None:
+        C0, n0, m0 = initial_state
         S0 = torch.cat([C0, n0.unsqueeze(-1)], -1) * _one(m0.double()).to(C0.dtype)[..., None, None]
-    o, S = linear_attention(q, ks, va, ldp.to(ddt), initial_state=S0, **kw)
+    o, S = linear_attention(q, ks, va, ldp.to(decay_dtype(q)), initial_state=S0, **kw)
     o = o * _one(-m).unsqueeze(-1).to(o.dtype)  # exp(m̂ - m)
     h = o[..., :-1] / _denominator(o[..., -1:], m.unsqueeze(-1), eps)
     if S is None:
         return h, None
     S = S * _one(-mT).to(S.dtype)[..., None, None]  # exp(m̂_T - m_T): the state is [C̄ | n̄] exp(-m_T)
     return h, (S[..., :-1], S[..., -1], mT.to(S.dtype))
+
+
+def _mlstm_exp_cp(q, k, v, i, f, eps, initial_state, group, kw):
+    """mLSTMexp with context parallelism. The max state is a scan across ranks too: over a piece of a sequence
+    (a rank's slice, or the part of a packed sequence on it), with F the piece's own cumulative logσ(f) and
+    P = max over the piece of (i_s − F_s), the max state leaving it is
+
+        m_exit = F_total + max(m_enter, P)            (the closed form of the module docstring, per piece)
+
+    so every rank sends (F_total, P, and its initial m_0 where a sequence starts) of each of its pieces in one
+    small differentiable all-gather (float64), and every rank runs the scan over ranks and pieces: the max
+    state entering its own pieces, and each sequence's final m. Locally m_t = F_t + max(m_enter, cummax(i − F)_t)
+    is then exactly the global max state, so the core's keys k·exp(i − m̂) and decays ld' are those of the
+    single-process call and `linear_attention(..., cp_group=group)` carries the stabilised [C | n] across ranks.
+    Gradients of i, f and m_0 of earlier ranks reach them through the all-gather's backward. The keys are tied
+    to the gathered data (`tie`) so that on every rank the backward runs the core's collective before this
+    one (the same order everywhere)."""
+    import torch.distributed as dist
+
+    from ..core import context_parallel as cp
+    if not (dist.is_available() and dist.is_initialized()) or not isinstance(group, dist.ProcessGroup):
+        raise TypeError("mlstm: cp_group must be a torch.distributed ProcessGroup of an initialized process group, "
+                        f"got {type(group).__name__}")
+    R, rank = dist.get_world_size(group), dist.get_rank(group)
+    cu_seqlens = kw["cu_seqlens"]
+    if R == 1:
+        return mlstm(q, k, v, i, f, "exp", eps=eps, initial_state=initial_state, **kw)
+    who = "mlstm (cp_group)"
+    err = None
+    try:
+        _check_inputs(q, k, v, i, f, "exp", initial_state, cu_seqlens, kw["chunk_size"], kw["backend"], kw["scale"],
+                      True)
+    except (TypeError, ValueError) as e:
+        err = e
+    names = ("B", "H", "K", "V", "output_final_state", "requires grad", "number of sequences", "cu_seqlens")
+    vals, own = [0] * len(names), [0, 0]
+    if err is None:
+        B, T, H, K = q.shape
+        tensors = (q, k, v, i, f) + tuple(initial_state or ())
+        needs_grad = torch.is_grad_enabled() and any(x.requires_grad for x in tensors)
+        N = num_sequences(q, cu_seqlens)
+        vals = [B, H, K, v.shape[-1], bool(kw["output_final_state"]), needs_grad, N, cp.cu_hash(cu_seqlens)]
+        own = [T, initial_state is not None]
+    metas = cp.agree(group, err, list(zip(names, vals)), own, q.device, who)
+    c = cu_seqlens.tolist() if cu_seqlens is not None else None
+    plans, _ = cp.slice_plans([m[0] for m in metas], c, False, [bool(m[1]) for m in metas], who)
+    me = plans[rank]
+    Np, Bs = len(me["pieces"]), (1 if c is not None else B)
+
+    # this rank's pieces: (F_total, P, m_0 where the piece starts its sequence), gathered from every rank
+    layout = PackedLayout(cp.local_offsets(me, cu_seqlens), T, q.device)
+    scan = _exp_scan(i, f, layout)
+    m0 = initial_state[2].double() if initial_state is not None else None
+    zero = torch.zeros(Bs, H, dtype=torch.float64, device=q.device)
+    first = [(m0[n:n + 1] if c is not None else m0) if st and m0 is not None else zero
+             for (n, _, _), st in zip(me["pieces"], me["starts"])]
+    rows = torch.stack([layout.last_of(scan[2]).view(Np, Bs, H), layout.last_of(scan[3]).view(Np, Bs, H),
+                        torch.stack(first)], -1)
+    nrows = max(len(p["pieces"]) for p in plans)
+    buf = torch.cat([rows.reshape(-1), rows.new_zeros((nrows - Np) * Bs * H * 3)])
+    if needs_grad and not buf.requires_grad:
+        buf = buf.detach().requires_grad_()  # every rank's backward must reach the collective
+    G = cp.gather(buf, group, needs_grad).view(R, nrows, Bs, H, 3)
+
+    # the scan over ranks and pieces: m entering this rank's pieces, and each sequence's final m
+    run, enter = {}, []
+    for j in range(R if kw["output_final_state"] else rank + 1):
+        for p, (n, _, _) in enumerate(plans[j]["pieces"]):
+            m_in = G[j, p, ..., 2] if plans[j]["starts"][p] else run[n]
+            if j == rank:
+                enter.append(m_in)
+            run[n] = G[j, p, ..., 0] + torch.maximum(m_in, G[j, p, ..., 1])
+    ldp, logw, m, _ = _exp_gates(i, f, torch.cat(enter), layout, scan)
+    mT = None
+    if kw["output_final_state"]:
+        mT = torch.cat([run[n] for n in range(N)]) if c is not None else run[0]
+    return _exp_run(q, k, v, ldp, logw, m, mT, initial_state, eps, dict(kw, cp_group=group),
+                    anchor=G if needs_grad else None)
 
 
 def mlstm_step(q, k, v, i, f, state=None, variant="exp", *, eps=1e-6, scale=None):
