@@ -3,13 +3,85 @@
 Outputs go to runs/<subcommand>-<timestamp>/ unless --out DIR is given."""
 import argparse
 import json
+import math
 import os
+import re
 import sys
 import time
 
 
 class CLIError(Exception):
     pass
+
+
+# ---- argument checks: a bad value stops the command before any work, in one line naming the flag ----
+def _rule(conv, ok, need):
+    """An argparse type: conv(text), kept when ok(value), else the error `argument --x: got 'text', needs
+    <need>` (need: a text, or a function giving it)."""
+    def check(text):
+        try:
+            v = conv(text)
+        except (TypeError, ValueError):
+            v = None
+        if v is None or not ok(v):
+            raise argparse.ArgumentTypeError(f"got {text!r}, needs {need() if callable(need) else need}")
+        return v
+    return check
+
+
+def _mixers():
+    from .layers import MIXERS
+    return sorted(MIXERS)
+
+
+def _kinds():
+    from .bench.runner import KINDS
+    return KINDS
+
+
+def _listed(text, allowed=None):
+    """text itself if it is a comma-separated list of one or more names of allowed() (or, with no allowed,
+    of integers >= 1); else None."""
+    items = [t.strip() for t in text.split(",") if t.strip()]
+    good = all(t in allowed() for t in items) if allowed else all(int(t) >= 1 for t in items)
+    return text if items and good else None
+
+
+_INT1, _INT0 = _rule(int, lambda v: v >= 1, "an integer >= 1"), _rule(int, lambda v: v >= 0, "an integer >= 0")
+_RULES = dict.fromkeys(("steps", "batch_size", "seq_len", "d_model", "n_heads", "n_layers", "num_kv", "vocab_size",
+                        "seeds", "threads", "jobs", "eval_every", "eval_batches", "save_every", "batch", "heads",
+                        "head_dim", "reps", "context_parallel"), _INT1)
+_RULES.update(
+    warmup=_INT0, max_new_tokens=_INT0,
+    top_k=_rule(int, lambda v: v >= 0, "an integer >= 0 (0: no top-k cut)"),
+    seed=_rule(int, lambda v: 0 <= v < 2**32, "an integer from 0 to 2**32 - 1"),
+    lr=_rule(float, lambda v: math.isfinite(v) and v > 0, "a number > 0"),
+    minutes=_rule(float, lambda v: math.isfinite(v) and v > 0, "a number of minutes > 0"),
+    weight_decay=_rule(float, lambda v: math.isfinite(v) and v >= 0, "a number >= 0"),
+    clip=_rule(float, lambda v: math.isfinite(v) and v >= 0, "a number >= 0 (0: no clipping)"),
+    temperature=_rule(float, lambda v: math.isfinite(v) and v >= 0, "a number >= 0 (0: greedy)"),
+    min_lr_ratio=_rule(float, lambda v: 0 <= v <= 1, "a number from 0 to 1"),
+    val_frac=_rule(float, lambda v: 0 < v < 1, "a number between 0 and 1 (both excluded)"),
+    top_p=_rule(float, lambda v: 0 < v <= 1, "a number in (0, 1]"),
+    mixer=_rule(str, lambda v: v in _mixers(), lambda: f"one of {', '.join(_mixers())}"),
+    mixers=_rule(lambda t: _listed(t, _mixers), bool, lambda: f"comma-separated names from {', '.join(_mixers())}"),
+    kinds=_rule(lambda t: _listed(t, _kinds), bool, lambda: f"comma-separated names from {', '.join(_kinds())}"),
+    seq_lens=_rule(_listed, bool, "comma-separated integers >= 1"),
+    device=_rule(str, lambda v: re.fullmatch(r"auto|cpu|cuda(:\d+)?", v), "auto, cpu, cuda or cuda:N"),
+)
+
+
+class _Parser(argparse.ArgumentParser):
+    """Errors in one line (no usage block); an option whose dest is in _RULES gets that check as its type."""
+
+    def add_argument(self, *args, **kwargs):
+        action = super().add_argument(*args, **kwargs)
+        if action.option_strings and action.dest in _RULES:
+            action.type = _RULES[action.dest]
+        return action
+
+    def error(self, message):
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
 def _out(args, sub):
@@ -96,9 +168,9 @@ def cmd_generate(args):
     if model.config.vocab_size != 256:
         raise CLIError(f"{ck} holds a model with vocab_size {model.config.vocab_size}, not a byte-level one (256)")
     g = torch.Generator(device=dev).manual_seed(args.seed)
-    prompt = args.prompt.encode("utf-8") or b"\n"
+    prompt = args.prompt.encode("utf-8", "surrogateescape") or b"\n"   # bytes of the shell's argument as given
     ids = torch.tensor([list(prompt)], dtype=torch.long, device=dev)
-    out = model.generate(ids, args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
+    out = model.generate(ids, args.max_new_tokens, temperature=args.temperature, top_k=args.top_k or None,
                          top_p=args.top_p, greedy=args.greedy, generator=g)
     text = bytes(out[0].tolist()).decode("utf-8", errors="replace")
     print(text)
@@ -119,8 +191,8 @@ def cmd_bench(args):
 
 
 def build_parser():
-    p = argparse.ArgumentParser(prog="ula", description="Unified Linear Attention: recall demo, language-model "
-                                "training, kernel benchmarks.")
+    p = _Parser(prog="ula", description="Unified Linear Attention: recall demo, language-model training, "
+                "kernel benchmarks.")
     sub = p.add_subparsers(dest="command", metavar="{demo,train,generate,bench}")
 
     d = sub.add_parser("demo", help="MQAR recall: every mixer vs softmax attention at equal width",
@@ -212,11 +284,10 @@ def main(argv=None):
     if not getattr(args, "command", None):
         p.print_help()
         return 2
-    from .train.checkpoint import CheckpointError
-    from .train.data import DataError
+    from .train.errors import UsageError
     try:
         return args.func(args)
-    except (CLIError, DataError, CheckpointError) as e:
+    except (CLIError, UsageError) as e:
         print(f"ula {args.command}: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

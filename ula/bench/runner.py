@@ -10,8 +10,12 @@ import torch
 
 import ula
 
+from ..train.errors import ConfigError
+from ..train.files import atomic_files, atomic_path, check_out_dir
 from .measure import measure_on, ours
 from .peers import GPU_ONLY, PEERS, installed
+
+KINDS = ("none", "constant", "scalar", "vector")
 
 
 def _row(kernel, kind, T, shape, fn_args, device, reps):
@@ -20,9 +24,26 @@ def _row(kernel, kind, T, shape, fn_args, device, reps):
     return dict(kernel=kernel, kind=kind, T=T, shape=shape, fwd_ms=f, fwdbwd_ms=fb, peak_mib=mem)
 
 
-def run_bench(out_dir, kinds=("none", "constant", "scalar", "vector"), seq_lens=None, batch=None, heads=None,
-              head_dim=None, peers=True, device="auto", reps=None):
+def check_args(kinds, seq_lens, batch, heads, head_dim, reps):
+    """Raises ConfigError, naming the argument, unless every one is usable (None: its default)."""
+    bad = [k for k in kinds if k not in KINDS]
+    if not kinds or bad:
+        raise ConfigError(f"kinds (--kinds) must be one or more of {', '.join(KINDS)}, got {list(kinds)!r}")
+    if seq_lens is not None and (not seq_lens or any(isinstance(t, bool) or not isinstance(t, int) or t < 1
+                                                     for t in seq_lens)):
+        raise ConfigError(f"seq_lens (--seq-lens) must be one or more integers >= 1, got {seq_lens!r}")
+    for name, v in (("batch", batch), ("heads", heads), ("head_dim", head_dim), ("reps", reps)):
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
+            raise ConfigError(f"{name} (--{name.replace('_', '-')}) must be an integer >= 1, got {v!r}")
+
+
+def run_bench(out_dir, kinds=KINDS, seq_lens=None, batch=None, heads=None, head_dim=None, peers=True,
+              device="auto", reps=None):
+    """Times every case and writes results.json and the PNG plots into out_dir, each whole or not at all
+    (a former one is left as it was); the arguments and out_dir are checked before any timing."""
     from ..train.loop import pick_device
+    check_args(kinds, seq_lens, batch, heads, head_dim, reps)
+    check_out_dir(out_dir)
     dev = pick_device(device)
     gpu = dev.type == "cuda"
     if not gpu:
@@ -34,10 +55,6 @@ def run_bench(out_dir, kinds=("none", "constant", "scalar", "vector"), seq_lens=
     H = heads or (16 if gpu else 2)
     D = head_dim or (128 if gpu else 32)
     reps = reps or 3
-    bad = [k for k in kinds if k not in ("none", "constant", "scalar", "vector")]
-    if bad:
-        raise ValueError(f"unknown kinds {bad}; choose from none, constant, scalar, vector")
-    os.makedirs(out_dir, exist_ok=True)
     meta = dict(device=torch.cuda.get_device_name(dev) if gpu else f"CPU ({platform.processor() or platform.machine()}, "
                 f"{torch.get_num_threads()} threads)", torch=torch.__version__, ula=ula.__version__,
                 peers_installed=installed(), dtype=str(dt).replace("torch.", ""), B=B, H=H, K=D, V=D,
@@ -72,10 +89,12 @@ def run_bench(out_dir, kinds=("none", "constant", "scalar", "vector"), seq_lens=
                 rows.append(dict(kernel=name, kind=kind, T=T, shape=shape, error=repr(e)[:300]))
             print(json.dumps(rows[-1]), flush=True)
     res = dict(meta=meta, rows=rows, skipped=skipped)
-    with open(os.path.join(out_dir, "results.json"), "w") as f:
+    os.makedirs(out_dir, exist_ok=True)
+    with atomic_path(os.path.join(out_dir, "results.json"), "the results") as tmp, open(tmp, "w") as f:
         json.dump(res, f, indent=1)
     from .plots import plot_bench
-    plot_bench(res, out_dir)
+    with atomic_files(out_dir, "the plots") as tmp:
+        plot_bench(res, tmp)
     print(format_table(res))
     if skipped:
         print("skipped: " + "; ".join(f"{k}: {v}" for k, v in skipped.items()))

@@ -14,6 +14,8 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
+from ..train.errors import ConfigError
+from ..train.files import atomic_path, check_out_dir
 from .model import demo_model
 from .mqar import IGNORE, accuracy, mqar_batch
 
@@ -111,6 +113,38 @@ def train_one(name, cfg, seed, device, bar=True):
                 state_numbers=state_numbers(model, cfg.T, device))
 
 
+def check_config(cfg):
+    """Raises ConfigError, naming the field, for a config the demo cannot run; builds every mixer's
+    model once (cheap) so that a width the mixer cannot split fails before any training."""
+    from ..layers import MIXERS
+    ints = dict(num_kv=1, vocab_size=1, d_model=1, n_heads=1, n_layers=1, steps=1, batch_size=1, eval_size=1,
+                log_every=1, warmup=0)
+    for k, lo in ints.items():
+        v = getattr(cfg, k)
+        if isinstance(v, bool) or not isinstance(v, int) or v < lo:
+            raise ConfigError(f"DemoConfig.{k} must be an integer >= {lo}, got {v!r}")
+    for k, ok, need in (("lr", lambda v: v > 0, "> 0"), ("weight_decay", lambda v: v >= 0, ">= 0")):
+        v = getattr(cfg, k)
+        if not isinstance(v, (int, float)) or not math.isfinite(v) or not ok(v):
+            raise ConfigError(f"DemoConfig.{k} must be a finite number {need}, got {v!r}")
+    if not cfg.seeds or any(isinstance(s, bool) or not isinstance(s, int) or s < 0 for s in cfg.seeds):
+        raise ConfigError(f"DemoConfig.seeds must be one or more integers >= 0, got {cfg.seeds!r}")
+    bad = [m for m in cfg.mixers if m not in MIXERS]
+    if not cfg.mixers or bad:
+        raise ConfigError(f"DemoConfig.mixers must be one or more of {sorted(MIXERS)}, got {list(cfg.mixers)!r}")
+    try:
+        mqar_batch(1, cfg.num_kv, cfg.vocab_size, cfg.T)
+    except ValueError as e:
+        raise ConfigError(f"{e} (--num-kv, --vocab-size, --seq-len)") from e
+    for m in cfg.mixers:
+        try:
+            demo_model(m, cfg.vocab_size, cfg.d_model, cfg.n_layers, cfg.n_heads,
+                       mixer_kwargs(m, cfg.d_model, cfg.n_heads), cfg.shift, cfg.init_std)
+        except ValueError as e:
+            raise ConfigError(f"mixer {m} with d_model (--d-model) {cfg.d_model} and n_heads (--heads) "
+                              f"{cfg.n_heads} makes no model: {e}") from e
+
+
 def _job(name, cfg, seed, device, threads):
     """One (mixer, seed) in a worker process (CPU): one thread each, no per-step bar."""
     torch.set_num_threads(threads)
@@ -120,8 +154,10 @@ def _job(name, cfg, seed, device, threads):
 def run_demo(cfg: DemoConfig, out_dir, device="cpu", jobs=1):
     """Trains every mixer of cfg for every seed (`jobs` worker processes train different mixers side by
     side: on a CPU one thread each; on a GPU they share it, small models being launch-bound); writes results.json and mqar.png into out_dir and returns the
-    results dict."""
-    os.makedirs(out_dir, exist_ok=True)
+    results dict. The config and out_dir are checked before any training; the two files are written
+    whole or not at all (a former one is left as it was)."""
+    check_config(cfg)
+    check_out_dir(out_dir)
     t0 = time.perf_counter()
     todo = [(n, s) for n in cfg.mixers for s in cfg.seeds]
     done = {}
@@ -151,10 +187,12 @@ def run_demo(cfg: DemoConfig, out_dir, device="cpu", jobs=1):
                          seconds=sum(r["seconds"] for r in runs), runs=runs))
     res = dict(task="MQAR", config={**asdict(cfg), "T": cfg.T}, device=str(device), torch=torch.__version__,
                threads=torch.get_num_threads(), jobs=jobs, seconds=time.perf_counter() - t0, results=rows)
-    with open(os.path.join(out_dir, "results.json"), "w") as f:
+    os.makedirs(out_dir, exist_ok=True)
+    with atomic_path(os.path.join(out_dir, "results.json"), "the results") as tmp, open(tmp, "w") as f:
         json.dump(res, f, indent=1)
     from .plot import plot_demo
-    plot_demo(res, os.path.join(out_dir, "mqar.png"))
+    with atomic_path(os.path.join(out_dir, "mqar.png"), "the plot") as tmp:
+        plot_demo(res, tmp)
     return res
 
 

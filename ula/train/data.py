@@ -7,8 +7,10 @@ import os
 
 import torch
 
+from .errors import UsageError
 
-class DataError(ValueError):
+
+class DataError(UsageError):
     """An unreadable text path or an empty corpus."""
 
 
@@ -23,7 +25,8 @@ def _read(path):
         with open(path, "rb") as f:
             return f.read()
     except OSError as e:
-        raise DataError(f"cannot read text file {path!r}: {e.strerror or e}") from e
+        raise DataError(f"cannot read text file {path!r}: {e.strerror or e}; the text path (DATA) needs readable "
+                        f"files") from e
 
 
 def load_corpus(path=None):
@@ -33,15 +36,21 @@ def load_corpus(path=None):
         data = builtin_corpus()
         name = "pydoc_data.topics"
     elif os.path.isdir(path):
-        parts = []
+        parts, binary = [], 0
         for root, dirs, files in os.walk(path):
             dirs[:] = sorted(d for d in dirs if not d.startswith("."))
             for fn in sorted(files):
                 if fn.startswith("."):
                     continue
                 b = _read(os.path.join(root, fn))
-                if b and b"\0" not in b[:8192]:
+                if b"\0" in b[:8192]:
+                    binary += 1
+                elif b:
                     parts.append(b)
+        if not parts:
+            raise DataError(f"text folder {path!r} is empty: it needs at least one text file under it"
+                            + (f" ({binary} binary files, with a NUL byte in the first 8 KiB, skipped)" if binary
+                               else ""))
         data = b"\n\n".join(parts)
         name = path
     elif os.path.exists(path):
@@ -53,20 +62,21 @@ def load_corpus(path=None):
 
 
 def split(data, val_frac, seq_len, name="the corpus"):
-    """(train uint8 tensor, val uint8 tensor): the last val_frac of the bytes is validation."""
-    need = 2 * (seq_len + 1)
-    if len(data) < need:
+    """(train uint8 tensor, val uint8 tensor): the last val_frac of the bytes is validation. Training
+    needs seq_len + 2 bytes (two window starts), validation seq_len + 1."""
+    n_val = max(seq_len + 1, int(len(data) * val_frac))
+    if len(data) - n_val < seq_len + 2:
         what = "is empty" if not data else f"has {len(data)} bytes"
-        raise DataError(f"the corpus {name} {what}; it needs at least {need} bytes for seq_len {seq_len} "
-                        f"(one training and one validation window)")
+        raise DataError(f"the corpus {name} {what}; with --seq-len {seq_len} and --val-frac {val_frac} it needs "
+                        f"at least {seq_len + 2} training bytes besides {n_val} validation bytes (give more text, "
+                        f"a shorter --seq-len or a smaller --val-frac)")
     t = torch.frombuffer(bytearray(data), dtype=torch.uint8)
-    n_val = max(seq_len + 1, int(len(t) * val_frac))
     return t[:-n_val].clone(), t[-n_val:].clone()
 
 
 def train_batch(data, batch_size, seq_len, seed, rank, step):
     """(x, y) int64 [batch, seq_len]: random windows, the same for the same (seed, rank, step)."""
-    g = torch.Generator().manual_seed((seed * 1_000_003 + rank) * 1_000_000_007 + step)
+    g = torch.Generator().manual_seed(((seed * 1_000_003 + rank) * 1_000_000_007 + step) % 2**63)   # fits int64
     starts = torch.randint(0, len(data) - seq_len - 1, (batch_size,), generator=g)
     w = torch.stack([data[s:s + seq_len + 1] for s in starts.tolist()]).long()
     return w[:, :-1], w[:, 1:]

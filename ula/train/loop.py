@@ -16,6 +16,8 @@ from tqdm.auto import tqdm
 from ..models import CausalLM, LMConfig
 from . import checkpoint as ckpt
 from .data import load_corpus, split, train_batch, val_batches
+from .errors import ConfigError
+from .files import atomic_path, check_out_dir
 from .schedule import lr_factor
 
 MODEL_DEFAULTS = dict(mixer="gla", d_model=128, n_layers=2, n_heads=4)
@@ -116,14 +118,23 @@ def train(given, out_dir=None, resume=None, device="auto", quiet=False):
     a = resolve(given, saved)
     cfg = LMConfig(vocab_size=256, d_model=a["d_model"], n_layers=a["n_layers"], n_heads=a["n_heads"],
                    mixer=a["mixer"])
+    out_flag = "--out"
     if ck:
         model, _ = ckpt.load_model(ck, "cpu")
         ckpt.check_shape(model.config, cfg, ck)
         if out_dir is None:
             out_dir = os.path.dirname(os.path.dirname(os.path.abspath(ck)))
+            out_flag = "the run folder of --resume (else give --out)"
     else:
         torch.manual_seed(a["seed"])
-        model = CausalLM(cfg)
+        try:
+            model = CausalLM(cfg)
+        except ValueError as e:
+            raise ConfigError(f"--mixer {cfg.mixer} with --d-model {cfg.d_model} and --heads {cfg.n_heads} makes no "
+                              f"model: {e}") from e
+    if out_dir is None:
+        raise ConfigError("a new run needs an output folder (out_dir, --out)")
+    check_out_dir(out_dir, out_flag)
     model = model.to(dev)
     data, name = load_corpus(a["data"])
     tr, val = split(data, a["val_frac"], a["seq_len"], name)
@@ -207,10 +218,11 @@ def train(given, out_dir=None, resume=None, device="auto", quiet=False):
                    seconds=el, tokens_per_second=seen / max(el, 1e-9), final_val_loss=history["val"][-1][1],
                    final_val_bpb=history["val"][-1][2], history=history)
     if d.main:
-        with open(os.path.join(out_dir, "metrics.json"), "w") as f:
+        with atomic_path(os.path.join(out_dir, "metrics.json"), "the metrics") as tmp, open(tmp, "w") as f:
             json.dump(metrics, f, indent=1)
         from .plots import plot_loss
-        plot_loss(history, os.path.join(out_dir, "loss.png"), title=f"{cfg.mixer}, d={cfg.d_model}, {name}")
+        with atomic_path(os.path.join(out_dir, "loss.png"), "the loss curve") as tmp:
+            plot_loss(history, tmp, title=f"{cfg.mixer}, d={cfg.d_model}, {name}")
         if not quiet:
             print(f"done: {step} steps in {el:.0f} s ({metrics['tokens_per_second']:,.0f} tokens/s); validation "
                   f"{metrics['final_val_bpb']:.4f} bits/byte; wrote {out_dir}/metrics.json, loss.png, checkpoints/")
