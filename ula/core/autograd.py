@@ -34,10 +34,18 @@ def floor_decay(g):
     return None if g is None else g.clamp_min(LOG_DECAY_FLOOR)
 
 
+def half_states(q):
+    """Border states that only feed matmuls may be kept in bfloat16 (half the traffic of the largest buffer);
+    float16 is not used for them (a long undecayed state can exceed its range)."""
+    return torch.bfloat16 if q.dtype == torch.bfloat16 else None
+
+
 def forward_pass(F, q, k, v, ld, rd, h0, scale, cu_seqlens, reverse, chunk_size):
-    """O = F(Q, K, V, L, R, rev). Returns o (compute dtype) and the final state (compute dtype)."""
+    """O = F(Q, K, V, L, R, rev). Returns o (in the dtype of v; in the compute dtype with a right decay, whose
+    gradient needs it) and the final state (compute dtype)."""
     o, S, _ = F(q, k, v, canonical_left(floor_decay(ld), q.shape[1]), floor_decay(rd), scale=scale, initial_state=h0,
-                cu_seqlens=cu_seqlens, reverse=reverse, chunk_size=chunk_size)
+                cu_seqlens=cu_seqlens, reverse=reverse, chunk_size=chunk_size,
+                out_dtype=None if rd is not None else v.dtype, state_dtype=half_states(q))
     return o, S
 
 
@@ -49,8 +57,6 @@ def backward_pass(F, q, k, v, ld, rd, h0, o, do, dS, scale, cu, rev, C, need_ld,
     ld_in, rd_in = ld, rd
     ld, rd = floor_decay(ld), floor_decay(rd)
     gl = canonical_left(ld, T)
-    dt = torch.float64 if q.dtype == torch.float64 else torch.float32
-    dos = do.to(dt) * scale
     if need_ld or need_rd:
         # decay gradients sum q dq - k dk inside each chunk, and float32 loses digits in proportion
         # to the chunk length: a backend may ask for shorter chunks here (any length gives the same math)
@@ -61,14 +67,21 @@ def backward_pass(F, q, k, v, ld, rd, h0, o, do, dS, scale, cu, rev, C, need_ld,
     # loses ~1e-5; float32 matmuls on the Triton path, where bfloat16 operands lose ~1e-2)
     wide = getattr(F, "constant_decay_grad_dtype", None) if (need_ld and ld.dim() == 1) else None
     w = (lambda x: None if x is None else x.to(wide)) if wide is not None else (lambda x: x)  # noqa: E731
-    # the border states are kept only for the decay gradients; each pass's other outputs are dropped at once
-    dq, _, A_q = F(w(dos), w(v), w(k), rd, gl, initial_state=w(_t(h0)), reverse=rev, **kw)
-    if not (need_ld or need_rd):
-        dq, A_q = dq.to(q.dtype), None
-    dk = F(w(v), w(dos), w(q), rd, gl, initial_state=w(_t(dS)), reverse=not rev, **kw)[0]
-    if not need_ld:
-        dk = dk.to(k.dtype)
-    dv, dh0, A_v = F(k, q, dos, gl, rd, initial_state=dS, reverse=not rev, **kw)
+    # scaled dO in the dtype of do (its matmul operands are half precision anyway), wider where a pass is
+    dos = do.to(wide or (torch.float64 if q.dtype == torch.float64 else do.dtype)) * scale
+    half = half_states(q)
+    f32 = torch.float32 if q.dtype != torch.float64 else None
+    # outputs and border states in float32 where a decay gradient reads them; the border states are kept only
+    # for the decay gradients, each pass's other outputs are dropped at once
+    decay = need_ld or need_rd
+    dq, _, A_q = F(w(dos), w(v), w(k), rd, gl, initial_state=w(_t(h0)), reverse=rev,
+                   out_dtype=f32 if need_ld else q.dtype, state_dtype=f32 if decay else half, **kw)
+    if not decay:
+        A_q = None
+    dk = F(w(v), w(dos), w(q), rd, gl, initial_state=w(_t(dS)), reverse=not rev,
+           out_dtype=f32 if need_ld else k.dtype, state_dtype=half, **kw)[0]
+    dv, dh0, A_v = F(k, q, dos, gl, rd, initial_state=dS, reverse=not rev,
+                     out_dtype=f32 if need_rd else v.dtype, state_dtype=f32 if decay else half, **kw)
     del dos
     dld = drd = None
     if need_ld or need_rd:

@@ -128,14 +128,15 @@ def _run(q, k, v, gl, gr, scale, h0, C, reverse):
 
 
 def chunk_recurrence(q, k, v, gl=None, gr=None, *, scale=1.0, initial_state=None, cu_seqlens=None,
-                     reverse=False, chunk_size=64):
+                     reverse=False, chunk_size=64, out_dtype=None, state_dtype=None):
     """F(q, k, v, L, R, reverse) of DESIGN §2 in [B, T, H, D] layout.
 
     gl: left log decay in canonical form, None or [B|1, T, H, K|1] (a scalar decay as a trailing 1);
     gr: right log decay, None or [B, T, H, V] (or [.., 1], then moved to the left). Chunks start at each
     sequence's first step. Math in float32 (float64 for float64 inputs).
     Returns o [B, T, H, V], the final state [B|N, H, K, V] and the border states [B, H, n, K, V] (chunks of
-    all sequences one after another with cu_seqlens): see `_run`."""
+    all sequences one after another with cu_seqlens): see `_run`. out_dtype / state_dtype: dtypes of o and of
+    the border states (default: the compute dtype)."""
     if gr is not None and gr.shape[-1] == 1:  # a scalar decay commutes: carry it on the left
         gl, gr = (gr if gl is None else gl + gr), None
     dt = torch.float64 if q.dtype == torch.float64 else torch.float32
@@ -144,18 +145,19 @@ def chunk_recurrence(q, k, v, gl=None, gr=None, *, scale=1.0, initial_state=None
     h0 = None if initial_state is None else initial_state.to(dt)
     if cu_seqlens is None:
         o, S, border = _run(q, k, v, gl, gr, scale, h0, chunk_size, reverse)
-        return o.transpose(1, 2), S, border
-    bounds = cu_seqlens.tolist()
-    outs, finals, borders = [], [], []
-    for n in range(len(bounds) - 1):
-        s, e = bounds[n], bounds[n + 1]
-        sl = lambda x: None if x is None else x[:, :, s:e]  # noqa: E731
-        o, S, border = _run(sl(q), sl(k), sl(v), sl(gl), sl(gr), scale, None if h0 is None else h0[n:n + 1],
-                            chunk_size, reverse)
-        outs.append(o)
-        finals.append(S)
-        borders.append(border)
-    return torch.cat(outs, 2).transpose(1, 2), torch.cat(finals, 0), torch.cat(borders, 2)
+    else:
+        bounds = cu_seqlens.tolist()
+        outs, finals, borders = [], [], []
+        for n in range(len(bounds) - 1):
+            s, e = bounds[n], bounds[n + 1]
+            sl = lambda x: None if x is None else x[:, :, s:e]  # noqa: E731
+            o, S, border = _run(sl(q), sl(k), sl(v), sl(gl), sl(gr), scale, None if h0 is None else h0[n:n + 1],
+                                chunk_size, reverse)
+            outs.append(o)
+            finals.append(S)
+            borders.append(border)
+        o, S, border = torch.cat(outs, 2), torch.cat(finals, 0), torch.cat(borders, 2)
+    return o.transpose(1, 2).to(out_dtype or dt), S, border.to(state_dtype or dt)
 
 
 # Accuracy of the decay gradients (see autograd.py): backward passes in chunks of at most 32 steps when

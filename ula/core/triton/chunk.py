@@ -57,21 +57,22 @@ def _final_decay(S, gl, gr, cu_seqlens):
 
 
 def chunk_recurrence_triton(q, k, v, gl=None, gr=None, *, scale=1.0, initial_state=None, cu_seqlens=None,
-                            reverse=False, chunk_size=64):
+                            reverse=False, chunk_size=64, out_dtype=None, state_dtype=None):
     """F(q, k, v, L, R, reverse) of DESIGN §2 in [B, T, H, D] layout, on Triton kernels.
 
     gl: left log decay, None or [B|1, T, H, K|1] (any strides: an expanded constant decay is read in place);
     gr: right log decay, None or [B, T, H, V] (or [.., 1], then moved to the left). Math in float32 (matmul
     operands in half precision where the inputs are). float64 inputs go to the PyTorch chunk path.
-    Returns o [B, T, H, V] float32, the final state [B|N, H, K, V] float32 and the border states
-    [B, H, n, K, V] float32: going forward the state after each chunk, in reverse the state entering each
+    Returns o [B, T, H, V] (out_dtype, default float32), the final state [B|N, H, K, V] float32 and the border
+    states [B, H, n, K, V] (state_dtype, default float32; bfloat16 halves their traffic, as the output reads
+    them back as matmul operands anyway): going forward the state after each chunk, in reverse the state entering each
     chunk from its right end."""
     if gr is not None and gr.shape[-1] == 1:  # a scalar decay commutes: carry it on the left
         gl, gr = (gr if gl is None else gl + gr), None
     if torch.float64 in (q.dtype, k.dtype, v.dtype):
         from ..chunk_torch import chunk_recurrence
         return chunk_recurrence(q, k, v, gl, gr, scale=scale, initial_state=initial_state, cu_seqlens=cu_seqlens,
-                                reverse=reverse, chunk_size=chunk_size)
+                                reverse=reverse, chunk_size=chunk_size, out_dtype=out_dtype, state_dtype=state_dtype)
     B, T, H, K = q.shape
     C = int(chunk_size)
     q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
@@ -80,8 +81,8 @@ def chunk_recurrence_triton(q, k, v, gl=None, gr=None, *, scale=1.0, initial_sta
     dot = dot_code(q, k, v)
     b = chunk_cumsum(gl, layout, reverse) if gl is not None else None
     c = chunk_cumsum(gr, layout, reverse) if gr is not None else None
-    border, final = chunk_states(k, v, b, c, h0, layout, reverse, dot)
-    o = chunk_output(q, k, v, b, c, border, h0, scale, layout, reverse, dot)
+    border, final = chunk_states(k, v, b, c, h0, layout, reverse, dot, state_dtype or torch.float32)
+    o = chunk_output(q, k, v, b, c, border, h0, scale, layout, reverse, dot, out_dtype or torch.float32)
     if reverse and (gl is not None or gr is not None):
         final = _final_decay(final, gl, gr, cu_seqlens)
     return o, final, border

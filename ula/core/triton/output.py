@@ -8,10 +8,11 @@ The intra-chunk matrix is tiled: a program owns BT rows and loops over key block
 Off-diagonal blocks: exp(b_i - b_j) = exp(b_i - b_r) exp(b_j -> b_r) with a reference step r between the two
 blocks (both factors <= 1), so the block is one matmul (paper 002 §4.3, secondary chunking; BT = 16 for decays
 per feature). Diagonal block: per-element relative decays, masked before exp (no positive exponent forms)."""
+import torch
 import triton
 import triton.language as tl
 
-from .utils import alloc, block, mm, tuned
+from .utils import alloc, block, mm, operand, tuned
 
 
 @triton.jit
@@ -31,8 +32,8 @@ def _offdiag(q_base, k_base, v_base, b_base, c_base, rows, mi, js, ce, vc, mv, K
     for kk in range(0, K, BK):
         kc = kk + tl.arange(0, BK)
         mk = kc < K
-        qt = tl.load(q_base + ri[:, None] * K + kc[None, :], mask=mi[:, None] & mk[None, :], other=0.0).to(tl.float32)
-        kt = tl.load(k_base + rj[:, None] * K + kc[None, :], mask=mj[:, None] & mk[None, :], other=0.0).to(tl.float32)
+        qt = operand(tl.load(q_base + ri[:, None] * K + kc[None, :], mask=mi[:, None] & mk[None, :], other=0.0), DOT)
+        kt = operand(tl.load(k_base + rj[:, None] * K + kc[None, :], mask=mj[:, None] & mk[None, :], other=0.0), DOT)
         if VEC and HAS_B:
             if DB > 1:
                 br = tl.load(b_base + r.to(tl.int64) * H * DB + kc, mask=mk, other=0.0)[None, :]
@@ -49,7 +50,7 @@ def _offdiag(q_base, k_base, v_base, b_base, c_base, rows, mi, js, ce, vc, mv, K
         bi = tl.load(b_base + ri * DB, mask=mi, other=0.0)
         bj = tl.load(b_base + rj * DB, mask=mj, other=0.0)
         A = A * tl.exp(tl.where(mi[:, None] & mj[None, :], bi[:, None] - bj[None, :], float("-inf")))
-    vt = tl.load(v_base + rj[:, None] * V + vc[None, :], mask=mj[:, None] & mv[None, :], other=0.0).to(tl.float32)
+    vt = operand(tl.load(v_base + rj[:, None] * V + vc[None, :], mask=mj[:, None] & mv[None, :], other=0.0), DOT)
     if HAS_C:
         cr = tl.load(c_base + r.to(tl.int64) * H * V + vc, mask=mv, other=0.0)
         cj = tl.load(c_base + rj[:, None] * V + vc[None, :], mask=mj[:, None] & mv[None, :], other=0.0)
@@ -72,7 +73,7 @@ def _diag_vec(q_base, k_base, v_base, b_base, c_base, rows, mi, ce, vc, mv, K, V
     cover every pair i != j; i = j carries no decay."""
     idx = tl.arange(0, BT)
     ri = rows.to(tl.int64) * H
-    vt = tl.load(v_base + ri[:, None] * V + vc[None, :], mask=mi[:, None] & mv[None, :], other=0.0).to(tl.float32)
+    vt = operand(tl.load(v_base + ri[:, None] * V + vc[None, :], mask=mi[:, None] & mv[None, :], other=0.0), DOT)
     if HAS_C:
         cv = tl.load(c_base + ri[:, None] * V + vc[None, :], mask=mi[:, None] & mv[None, :], other=0.0)
     # i = j
@@ -80,8 +81,8 @@ def _diag_vec(q_base, k_base, v_base, b_base, c_base, rows, mi, ce, vc, mv, K, V
     for kk in range(0, K, BK):
         kc = kk + tl.arange(0, BK)
         mik = mi[:, None] & (kc < K)[None, :]
-        qt = tl.load(q_base + ri[:, None] * K + kc[None, :], mask=mik, other=0.0).to(tl.float32)
-        kt = tl.load(k_base + ri[:, None] * K + kc[None, :], mask=mik, other=0.0).to(tl.float32)
+        qt = operand(tl.load(q_base + ri[:, None] * K + kc[None, :], mask=mik, other=0.0), DOT)
+        kt = operand(tl.load(k_base + ri[:, None] * K + kc[None, :], mask=mik, other=0.0), DOT)
         dd += tl.sum(qt * kt, 1)
     out = dd[:, None] * vt
     for lvl in tl.static_range(LOG_BT):
@@ -103,8 +104,8 @@ def _diag_vec(q_base, k_base, v_base, b_base, c_base, rows, mi, ce, vc, mv, K, V
             kc = kk + tl.arange(0, BK)
             mk = (kc < K)[None, :]
             mik = mi[:, None] & mk
-            qt = tl.load(q_base + ri[:, None] * K + kc[None, :], mask=mik, other=0.0).to(tl.float32)
-            kt = tl.load(k_base + ri[:, None] * K + kc[None, :], mask=mik, other=0.0).to(tl.float32)
+            qt = operand(tl.load(q_base + ri[:, None] * K + kc[None, :], mask=mik, other=0.0), DOT)
+            kt = operand(tl.load(k_base + ri[:, None] * K + kc[None, :], mask=mik, other=0.0), DOT)
             if HAS_B:
                 if DB > 1:
                     bq = tl.load(b_base + ri[:, None] * DB + kc[None, :], mask=mik, other=0.0)
@@ -129,10 +130,10 @@ def _diag_vec(q_base, k_base, v_base, b_base, c_base, rows, mi, ce, vc, mv, K, V
 
 
 @triton.jit
-def _diag(q_base, k_base, v_base, b_base, c_base, rows, mi, vc, mv, K, V, H,
-          DB: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, HAS_B: tl.constexpr,
-          HAS_C: tl.constexpr, VEC: tl.constexpr, REVERSE: tl.constexpr, DOT: tl.constexpr):
-    """Contribution of the rows' own block (keys = the same steps), causal in the direction of the pass."""
+def _diag(q_base, k_base, v_base, b_base, rows, mi, vc, mv, K, V, H, DB: tl.constexpr, BT: tl.constexpr,
+          BK: tl.constexpr, HAS_B: tl.constexpr, REVERSE: tl.constexpr, DOT: tl.constexpr):
+    """Contribution of the rows' own block (keys = the same steps), causal in the direction of the pass,
+    for decays without a per-feature part (one value per step)."""
     ri = rows.to(tl.int64) * H
     if REVERSE:
         m = (rows[:, None] <= rows[None, :]) & mi[:, None] & mi[None, :]
@@ -141,32 +142,17 @@ def _diag(q_base, k_base, v_base, b_base, c_base, rows, mi, vc, mv, K, V, H,
     A = tl.zeros([BT, BT], dtype=tl.float32)
     for kk in range(0, K, BK):
         kc = kk + tl.arange(0, BK)
-        mk = kc < K
-        mik = mi[:, None] & mk[None, :]
-        qt = tl.load(q_base + ri[:, None] * K + kc[None, :], mask=mik, other=0.0).to(tl.float32)
-        kt = tl.load(k_base + ri[:, None] * K + kc[None, :], mask=mik, other=0.0).to(tl.float32)
-        if VEC and HAS_B:
-            if DB > 1:
-                bq = tl.load(b_base + ri[:, None] * DB + kc[None, :], mask=mik, other=0.0)
-            else:
-                bq = tl.load(b_base + ri * DB, mask=mi, other=0.0)[:, None]
-            d = tl.where(m[:, :, None], bq[:, None, :] - bq[None, :, :], float("-inf"))
-            A += tl.sum(qt[:, None, :] * kt[None, :, :] * tl.exp(d), 2)
-        else:
-            A += mm(qt, tl.trans(kt), DOT)
-    if HAS_B and not VEC:
+        mik = mi[:, None] & (kc < K)[None, :]
+        qt = operand(tl.load(q_base + ri[:, None] * K + kc[None, :], mask=mik, other=0.0), DOT)
+        kt = operand(tl.load(k_base + ri[:, None] * K + kc[None, :], mask=mik, other=0.0), DOT)
+        A += mm(qt, tl.trans(kt), DOT)
+    if HAS_B:
         bi = tl.load(b_base + ri * DB, mask=mi, other=0.0)
         A = A * tl.exp(tl.where(m, bi[:, None] - bi[None, :], float("-inf")))
-    elif not HAS_B:
-        A = tl.where(m, A, 0.0)
-    vt = tl.load(v_base + ri[:, None] * V + vc[None, :], mask=mi[:, None] & mv[None, :], other=0.0).to(tl.float32)
-    if HAS_C:
-        ci = tl.load(c_base + ri[:, None] * V + vc[None, :], mask=mi[:, None] & mv[None, :], other=0.0)
-        e = tl.exp(tl.where(m[:, :, None], ci[:, None, :] - ci[None, :, :], float("-inf")))
-        out = tl.sum(A[:, :, None] * vt[None, :, :] * e, 1)
     else:
-        out = mm(A, vt, DOT)
-    return out
+        A = tl.where(m, A, 0.0)
+    vt = operand(tl.load(v_base + ri[:, None] * V + vc[None, :], mask=mi[:, None] & mv[None, :], other=0.0), DOT)
+    return mm(A, vt, DOT)
 
 
 @triton.jit
@@ -217,7 +203,7 @@ def _output_kernel(q, k, v, b, c, border, h0, o, cu, chunk_seq, chunk_start, T, 
             kc = kk + tl.arange(0, BK)
             mk = kc < K
             mik = mi[:, None] & mk[None, :]
-            qt = tl.load(q_base + ri[:, None] * K + kc[None, :], mask=mik, other=0.0).to(tl.float32)
+            qt = operand(tl.load(q_base + ri[:, None] * K + kc[None, :], mask=mik, other=0.0), DOT)
             if HAS_B:
                 if DB > 1:
                     qt = qt * tl.exp(tl.load(b_base + ri[:, None] * DB + kc[None, :], mask=mik, other=0.0))
@@ -226,50 +212,42 @@ def _output_kernel(q, k, v, b, c, border, h0, o, cu, chunk_seq, chunk_start, T, 
             kv_off = kc[:, None] * V + vc[None, :]
             mkv = mk[:, None] & mv[None, :]
             if REVERSE:
-                st = tl.load(s_ptr + kv_off, mask=mkv, other=0.0)
+                st = tl.load(s_ptr + kv_off, mask=mkv, other=0.0).to(tl.float32)
             else:
-                st = tl.load(s_ptr + kv_off, mask=mkv & from_border, other=0.0)
+                st = tl.load(s_ptr + kv_off, mask=mkv & from_border, other=0.0).to(tl.float32)
                 if HAS_H0:
                     st += tl.load(h_ptr + kv_off, mask=mkv & first, other=0.0)
             acc += mm(qt, st, DOT)
         if HAS_C:
             ci = tl.load(c_base + ri[:, None] * V + vc[None, :], mask=mi[:, None] & mv[None, :], other=0.0)
             acc = acc * tl.exp(ci)
-        # intra-chunk part, one key block at a time
-        if REVERSE:
-            if VEC:
-                acc += _diag_vec(q_base, k_base, v_base, b_base, c_base, rows, mi, ce, vc, mv, K, V, H, DB, BT, BK,
-                                 BV, LOG_BT, HAS_B, HAS_C, REVERSE, DOT)
-            else:
-                acc += _diag(q_base, k_base, v_base, b_base, c_base, rows, mi, vc, mv, K, V, H, DB, BT, BK, BV,
-                             HAS_B, HAS_C, VEC, REVERSE, DOT)
-            for js in range(rs + BT, ce, BT):
-                acc += _offdiag(q_base, k_base, v_base, b_base, c_base, rows, mi, js, ce, vc, mv, K, V, H, DB, BT,
-                                BK, BV, HAS_B, HAS_C, VEC, REVERSE, DOT)
+        # intra-chunk part: the rows' own block, then the key blocks before them (after them in reverse)
+        if VEC:
+            acc += _diag_vec(q_base, k_base, v_base, b_base, c_base, rows, mi, ce, vc, mv, K, V, H, DB, BT, BK, BV,
+                             LOG_BT, HAS_B, HAS_C, REVERSE, DOT)
         else:
-            for js in range(cs, rs, BT):
-                acc += _offdiag(q_base, k_base, v_base, b_base, c_base, rows, mi, js, ce, vc, mv, K, V, H, DB, BT,
-                                BK, BV, HAS_B, HAS_C, VEC, REVERSE, DOT)
-            if VEC:
-                acc += _diag_vec(q_base, k_base, v_base, b_base, c_base, rows, mi, ce, vc, mv, K, V, H, DB, BT, BK,
-                                 BV, LOG_BT, HAS_B, HAS_C, REVERSE, DOT)
-            else:
-                acc += _diag(q_base, k_base, v_base, b_base, c_base, rows, mi, vc, mv, K, V, H, DB, BT, BK, BV,
-                             HAS_B, HAS_C, VEC, REVERSE, DOT)
+            acc += _diag(q_base, k_base, v_base, b_base, rows, mi, vc, mv, K, V, H, DB, BT, BK, HAS_B, REVERSE, DOT)
+        if REVERSE:
+            lo, hi = rs + BT, ce
+        else:
+            lo, hi = cs, rs
+        for js in range(lo, hi, BT):
+            acc += _offdiag(q_base, k_base, v_base, b_base, c_base, rows, mi, js, ce, vc, mv, K, V, H, DB, BT, BK,
+                            BV, HAS_B, HAS_C, VEC, REVERSE, DOT)
         tl.store(o + row0 * V + ri[:, None] * V + vc[None, :], acc * scale, mask=mi[:, None] & mv[None, :])
 
 
-def chunk_output(q, k, v, b, c, border, h0, scale, layout, reverse, dot):
-    """o [B, T, H, V] float32 from q, k [B, T, H, K], v [B, T, H, V] (contiguous), the chunk-local cumulative
+def chunk_output(q, k, v, b, c, border, h0, scale, layout, reverse, dot, out_dtype=torch.float32):
+    """o [B, T, H, V] in out_dtype from q, k [B, T, H, K], v [B, T, H, V] (contiguous), the chunk-local cumulative
     log decays b [Bg, T, H, K|1], c [Bg, T, H, V] (or None) and the border states of kernel 2."""
     B, T, H, K = q.shape
     V = v.shape[-1]
     vec = (b is not None and b.shape[-1] > 1) or c is not None
     C = layout.C
     BT, BK, BV, W = tuned("output_vec" if vec else "output",
-                          (16, 32, 64, 4) if vec else (64, 64, 64, 4))  # results/tile_sweep_h100.json
+                          (16, 32, 64, 4) if vec else (64, 64, 128, 4))  # benchmarks/results/tile_sweep_h100*.json
     BT, BK, BV = min(C, BT), block(K, BK), block(V, BV)
-    o = alloc((B, T, H, V), q.device)
+    o = alloc((B, T, H, V), q.device, out_dtype)
     dummy = border
     grid = (triton.cdiv(V, BV), layout.n * (C // BT), B * H)
     _output_kernel[grid](q, k, v, b if b is not None else dummy, c if c is not None else dummy, border,

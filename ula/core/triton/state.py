@@ -3,15 +3,16 @@ sequences x heads and over K and V tiles.
 
 Going forward it stores the state after each chunk; in reverse the state entering each chunk from its right
 end (these are the border states that chunk_recurrence returns and the output kernel reads back)."""
+import torch
 import triton
 import triton.language as tl
 
-from .utils import alloc, block, mm, tuned
+from .utils import alloc, block, mm, operand, tuned
 
 
 @triton.jit
 def _state_kernel(k, v, b, c, h0, border, final, cu, chunk_offset, T, H, K, V, NC, sb_b, sc_b,
-                  DB: tl.constexpr, C: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+                  DB: tl.constexpr, C: tl.constexpr, NB: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
                   HAS_B: tl.constexpr, HAS_C: tl.constexpr, HAS_H0: tl.constexpr, REVERSE: tl.constexpr,
                   VARLEN: tl.constexpr, DOT: tl.constexpr):
     i_k, i_v, i_nh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
@@ -63,14 +64,16 @@ def _state_kernel(k, v, b, c, h0, border, final, cu, chunk_offset, T, H, K, V, N
         if HAS_C:
             c_end = tl.load(c_base + e_row.to(tl.int64) * H * V + vc, mask=mv, other=0.0)
             S = S * tl.exp(c_end)[None, :]
-        for r in range(cs, ce, BT):
-            rows = r + tl.arange(0, BT)
+        # the row blocks of a chunk are unrolled, so the loop over chunks is the innermost loop and the
+        # compiler pipelines the next chunk's loads under this chunk's matmuls
+        for sb in tl.static_range(NB):
+            rows = cs + sb * BT + tl.arange(0, BT)
             mr = rows < ce
             r64 = rows.to(tl.int64) * H
-            kt = tl.load(k_base + r64[:, None] * K + kc[None, :], mask=mr[:, None] & mk[None, :],
-                         other=0.0).to(tl.float32)
-            vt = tl.load(v_base + r64[:, None] * V + vc[None, :], mask=mr[:, None] & mv[None, :],
-                         other=0.0).to(tl.float32)
+            kt = operand(tl.load(k_base + r64[:, None] * K + kc[None, :], mask=mr[:, None] & mk[None, :], other=0.0),
+                         DOT)
+            vt = operand(tl.load(v_base + r64[:, None] * V + vc[None, :], mask=mr[:, None] & mv[None, :], other=0.0),
+                         DOT)
             if HAS_B:
                 if DB > 1:
                     bt = tl.load(b_base + r64[:, None] * DB + kc[None, :], mask=mr[:, None] & mk[None, :], other=0.0)
@@ -87,16 +90,17 @@ def _state_kernel(k, v, b, c, h0, border, final, cu, chunk_offset, T, H, K, V, N
     tl.store(final + (i_n.to(tl.int64) * H + i_h) * K * V + kv_off, S, mask=mkv)
 
 
-def chunk_states(k, v, b, c, h0, layout, reverse, dot):
+def chunk_states(k, v, b, c, h0, layout, reverse, dot, state_dtype=torch.float32):
     """k [B, T, H, K], v [B, T, H, V] contiguous; b [Bg, T, H, K|1], c [Bg, T, H, V] chunk-local cumulative
-    log decays (or None); h0 [N, H, K, V] float32 contiguous or None. Returns the border states [B, H, n, K, V]
-    and the final state [N, H, K, V] (before the extra decay of a reverse pass)."""
+    log decays (or None); h0 [N, H, K, V] float32 contiguous or None. Returns the border states
+    [B, H, n, K, V] in state_dtype and the final state [N, H, K, V] float32 (before the extra decay of a
+    reverse pass)."""
     B, T, H, K = k.shape
     V = v.shape[-1]
     N = layout.N
-    border = alloc((B, H, layout.n, K, V), k.device)
+    border = alloc((B, H, layout.n, K, V), k.device, state_dtype)
     final = alloc((N, H, K, V), k.device)
-    BT, BK, BV, W = tuned("state", (64, 64, 64, 4))
+    BT, BK, BV, W = tuned("state", (128, 64, 64, 4))
     BT, BK, BV = min(layout.C, BT), block(K, BK), block(V, BV)
     DB = b.shape[-1] if b is not None else 1
     dummy = border
@@ -106,6 +110,6 @@ def chunk_states(k, v, b, c, h0, layout, reverse, dot):
                         T, H, K, V, layout.n,
                         (b.stride(0) if b is not None and b.shape[0] > 1 else 0),
                         (c.stride(0) if c is not None and c.shape[0] > 1 else 0),
-                        DB=DB, C=layout.C, BT=BT, BK=BK, BV=BV, HAS_B=b is not None, HAS_C=c is not None,
+                        DB=DB, C=layout.C, NB=layout.C // BT, BT=BT, BK=BK, BV=BV, HAS_B=b is not None, HAS_C=c is not None,
                         HAS_H0=h0 is not None, REVERSE=reverse, VARLEN=layout.varlen, DOT=dot, num_warps=W)
     return border, final

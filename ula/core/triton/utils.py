@@ -73,6 +73,16 @@ def cast_dot(x, DOT: tl.constexpr):
 
 
 @triton.jit
+def operand(x, DOT: tl.constexpr):
+    """A loaded tile as a matmul operand: kept in its own (half) precision when the dot takes half precision,
+    float32 otherwise (no float32 round trip for tiles that go straight into a dot)."""
+    if DOT == 0:
+        return x.to(tl.float32)
+    else:
+        return x
+
+
+@triton.jit
 def mm(a, b, DOT: tl.constexpr):
     """a @ b with float32 accumulation; float32 operands in full precision (no tf32)."""
     if DOT == 0:

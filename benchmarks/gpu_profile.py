@@ -1,0 +1,87 @@
+"""Where the time of one forward+backward goes: GPU time per kernel (torch.profiler), per decay kind.
+
+    python3 benchmarks/gpu_profile.py [--kinds none,constant,scalar,vector] [--shape 2,8192,16,128,128]
+
+Prints, for each kind, the median f+b time and a table of kernels (calls, total ms over 5 iterations / 5)."""
+import argparse
+import json
+import os
+import sys
+from collections import defaultdict
+
+import torch
+import triton
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+from ula.bench.measure import ours  # noqa: E402
+
+
+def profile(fn, args, iters=5):
+    o = fn(*args)
+    do = torch.randn_like(o)
+    leaves = [a for a in args if a.requires_grad]
+
+    def fb():
+        for a in leaves:
+            a.grad = None
+        fn(*args).backward(do)
+
+    for _ in range(3):
+        fb()
+    torch.cuda.synchronize()
+    t = triton.testing.do_bench(fb, warmup=10, rep=50, return_mode="median")
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        for _ in range(iters):
+            fb()
+        torch.cuda.synchronize()
+    per = defaultdict(lambda: [0, 0.0])
+    for e in prof.events():
+        if e.device_type == torch.autograd.DeviceType.CUDA:
+            per[e.name][0] += 1
+            per[e.name][1] += e.device_time_total / 1e3
+    rows = sorted(((n, c // iters, ms / iters) for n, (c, ms) in per.items()), key=lambda r: -r[2])
+    return t, rows, fb
+
+
+def host_profile(fb, iters=20):
+    """Python time of one forward+backward (launch overhead): cProfile over iters calls, top functions."""
+    import cProfile
+    import pstats
+    torch.cuda.synchronize()
+    pr = cProfile.Profile()
+    pr.enable()
+    for _ in range(iters):
+        fb()
+    pr.disable()
+    torch.cuda.synchronize()
+    st = pstats.Stats(pr)
+    print(f"  host: {st.total_tt / iters * 1e3:.3f} ms per f+b in Python; top by own time (ms per f+b):")
+    top = sorted(st.stats.items(), key=lambda kv: -kv[1][2])[:18]
+    for (fname, line, func), (cc, nc, tt, ct, _) in top:
+        print(f"  {tt / iters * 1e3:7.3f} own {ct / iters * 1e3:7.3f} cum x{nc // iters:<4d} "
+              f"{os.path.basename(fname)}:{line}({func})")
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--kinds", default="none,constant,scalar,vector")
+    ap.add_argument("--shape", default="2,8192,16,128,128")
+    ap.add_argument("--host", action="store_true", help="also profile the Python (launch) side")
+    a = ap.parse_args()
+    shape = tuple(int(x) for x in a.shape.split(","))
+    print(json.dumps(dict(device=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
+                          shape=shape, env={k: v for k, v in os.environ.items() if k.startswith("ULA_")})))
+    for kind in a.kinds.split(","):
+        fn, args = ours(kind, *shape)
+        t, rows, fb = profile(fn, args)
+        print(f"== {kind}: f+b {t:.3f} ms (median); GPU kernels sum {sum(r[2] for r in rows):.3f} ms; per iteration:")
+        for n, c, ms in rows[:14]:
+            print(f"  {ms:7.3f} ms  x{c:<3d} {n[:110]}")
+        if a.host:
+            host_profile(fb)
+        del fn, args
+        torch.cuda.empty_cache()
+
+
+if __name__ == "__main__":
+    main()
