@@ -1,10 +1,10 @@
 """Decoding speed and memory of a 340M-shaped LM (issue 5): linear mixers against softmax attention.
 
-    python3 benchmarks/gpu_decode.py [--quick] [--cpu-smoke] [--mixers gla,softmax,mlstm_sig] [--tokens 8192]
+    python3 benchmarks/gpu_decode.py [--quick] [--cpu-smoke] [--mixers gla,softmax] [--tokens 8192]
 
 Model: ula.models.CausalLM, d=1024, 24 layers, vocab 32000, SwiGLU, bf16 weights, batch 1; mixers "gla"
-(4 heads, paper 002's layer), "mlstm_sig" (4 heads) and "softmax" (16 heads of 64, SDPA, KV cache that
-grows with the context). Prefill a short random prompt with the chunk path, then decode one greedy token
+(4 heads, paper 002's layer) and "softmax" (16 heads of 64, SDPA, KV cache that grows with the context)
+by default, "mlstm_sig" (4 heads) or any other ula.layers mixer with --mixers. Prefill a short random prompt with the chunk path, then decode one greedy token
 per recurrent step, the loop of CausalLM.generate (checked: its first tokens equal generate's). ula's
 generate has no CUDA-graph or torch.compile path, so decoding is plain eager PyTorch: one Python step per
 token, launch-bound at batch 1 for every mixer alike.
@@ -28,7 +28,7 @@ HEADS = {"gla": 4, "mlstm_sig": 4, "mlstm_exp": 4, "softmax": 16}
 
 
 def add_args(ap):
-    ap.add_argument("--mixers", default=None, help="default gla,softmax,mlstm_sig (quick: gla,softmax)")
+    ap.add_argument("--mixers", default="gla,softmax", help="ula.layers mixers, e.g. gla,softmax,mlstm_sig")
     ap.add_argument("--tokens", type=int, default=None, help="tokens to decode (default 8192, quick 2048)")
     ap.add_argument("--prompt", type=int, default=16, help="prompt length (prefilled by the chunk path)")
     ap.add_argument("--window", type=int, default=256, help="decode steps per timing window")
@@ -117,7 +117,7 @@ def mixer_case(run, mixer, n, marks, W):
 
 def body(run):
     a = run.args
-    mixers = (a.mixers or ("gla,softmax" if run.quick else "gla,softmax,mlstm_sig")).split(",")
+    mixers = a.mixers.split(",")
     n = a.tokens or (96 if run.smoke else 2048 if run.quick else 8192)
     W = 16 if run.smoke else a.window
     P = a.prompt if not run.smoke else 8

@@ -1,6 +1,6 @@
 """The families (issue 4) against the peers, one GPU, one run, bfloat16, B=2 T=8192 H=16 K=V=128.
 
-    python3 benchmarks/gpu_families_vs_peers.py [--quick] [--cpu-smoke] [--peers fla_gla,...] [--budget-s 360]
+    python3 benchmarks/gpu_families_vs_peers.py [--quick] [--cpu-smoke] [--peers fla_gla,...] [--budget-s 540]
     python3 benchmarks/gpu_families_vs_peers.py --plot-from $OUT/gpu_families_vs_peers.json   # redraw the PNG
 
 Sections (--sections, default all four):
@@ -20,7 +20,8 @@ Sections (--sections, default all four):
 
 Peers are imported from PYTHONPATH (e.g. /tmp/site, installed from .whl); a missing one is skipped with a
 note. fla autotunes ~2 min per op on its first call (results cached on disk by Triton for later processes).
-Each peer has an expected cost; one that does not fit in what is left of --budget-s is skipped, recorded.
+Each peer has an expected cost; one that does not fit in what is left of --budget-s (default 540 s, --quick
+150 s) is skipped, recorded; no new case starts after the budget.
 Writes $OUT/gpu_families_vs_peers.json (device, versions, command line, every number, the issue's bars)."""
 import json
 import os
@@ -142,7 +143,7 @@ def run_peer(run, name, shape, mem_T):
         return
     args = ["--shape", ",".join(map(str, shape)), "--mem-T", ",".join(map(str, mem_T)),
             "--sections", run.args.sections, "--slots", str(run.args.slots)]
-    rows, how = run.child(SCRIPT, [name] + args, timeout=run.time_left() + 30)
+    rows, how = run.child(SCRIPT, [name] + args, timeout=min(run.time_left() + 30, 3 * need))  # a hang ends too
     for r in rows:
         run.add(dict(r, **{k: v for k, v in how.items() if k != "stderr_tail"}))
     if not any(r.get("section") == "peers" for r in rows):
@@ -166,9 +167,10 @@ def plot(rows, peer_rows, meta, path):
     ax.plot([p[1] for p in pts], ys, "o-", color="tab:blue", label="ula mLSTMsig (chunk size)")
     for (c, t, _), y in zip(pts, ys):
         ax.annotate(str(c), (t, y), textcoords="offset points", xytext=(5, 5), fontsize=8)
-    for r in peer_rows:
+    for r, color in zip(peer_rows, ("tab:orange", "tab:green", "tab:purple")):
         if r.get("peak_mib") is not None:
-            ax.plot([r["fwdbwd_ms"]], [r["peak_mib"]], "s", label=r["case"].replace("_", " ") + " (chunk 128)")
+            ax.plot([r["fwdbwd_ms"]], [r["peak_mib"]], "s", color=color,
+                    label=r["case"].replace("_", " ") + " (chunk 128)")
     ax.set_xlabel("forward+backward runtime (ms)")
     ax.set_ylabel("peak memory of forward+backward (MiB)" + (" (none on CPU)" if no_mem else ""))
     s = meta.get("shape", "")
@@ -285,7 +287,7 @@ def body(run):
 
 
 def main():
-    run = Run("gpu_families_vs_peers", __doc__, add_args)
+    run = Run("gpu_families_vs_peers", __doc__, add_args, budget=(540, 150))
     if run.args.plot_from:
         return plot_from(run.args.plot_from)
     if run.is_child:

@@ -417,7 +417,7 @@ def print_tables(run):
 
 
 def main():
-    run = Run("gpu_hardening", __doc__, add_args)
+    run = Run("gpu_hardening", __doc__, add_args, budget=(540, 150))
     if run.args.child == "sanitize":
         run.is_child = False  # a payload of its own: rows printed and saved as usual
         run.name, run.path = "gpu_sanitizer_payload", os.path.join(run.args.out, "gpu_sanitizer_payload.json")

@@ -138,7 +138,7 @@ def body(run):
 
 
 def main():
-    run = Run("gpu_train_throughput", __doc__, add_args, budget=(400, 200))
+    run = Run("gpu_train_throughput", __doc__, add_args, budget=(420, 240))
     run.guarded(lambda: body(run))
 
 
