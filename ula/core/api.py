@@ -3,7 +3,7 @@ import torch
 
 from .backends import chunk_fn
 from .checks import check_linear_attention
-from .op import linear_attention_fwd
+from .op import run
 from .reference import reference_linear_attention
 
 
@@ -37,5 +37,5 @@ def linear_attention(q, k, v, ld=None, rd=None, *, scale=None, initial_state=Non
     if chunk_size is None:
         pick = getattr(chunk_fn(backend, q.device), "pick_chunk", None)
         chunk_size = pick(ld, rd) if pick is not None else 64
-    o, S, _ = linear_attention_fwd(q, k, v, ld, rd, initial_state, cu_seqlens, scale, reverse, chunk_size, backend)
+    o, S, _ = run(q, k, v, ld, rd, initial_state, cu_seqlens, scale, reverse, chunk_size, backend)
     return o, (S if output_final_state else None)

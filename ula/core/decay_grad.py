@@ -11,13 +11,25 @@ entering chunk n from the right, ld_next / rd_next: decay of the step after the 
 sequence, where A and Ã are the final state and its gradient, or the gradient of the initial state and
 the initial state). The right decay is the same with (o, do, v, dv) and the sum over K.
 """
+from typing import NamedTuple
+
 import torch
 
 
+class ChunkLayout(NamedTuple):
+    starts: torch.Tensor  # int32 [n]: first step of every chunk
+    ends: torch.Tensor    # int32 [n]: exclusive end
+    inner: torch.Tensor   # bool [n]: a chunk of the same sequence follows
+    C: int                # chunk size
+
+
 def chunk_layout(T, C, cu_seqlens, device):
-    """Chunks start at each sequence's first step. Returns (starts, ends, inner): first step and exclusive
-    end of every chunk [n], and whether a chunk of the same sequence follows it [n]."""
-    bounds = [0, T] if cu_seqlens is None else cu_seqlens.tolist()
+    """Chunks start at each sequence's first step. Without cu_seqlens the layout is made on the device (no
+    host-device copy, which would wait for the GPU queue)."""
+    if cu_seqlens is None:
+        starts = torch.arange(0, T, C, device=device, dtype=torch.int32)
+        return ChunkLayout(starts, (starts + C).clamp_max(T), starts + C < T, C)
+    bounds = cu_seqlens.tolist()
     starts, ends, inner = [], [], []
     for s, e in zip(bounds, bounds[1:]):
         for c0 in range(s, e, C):
@@ -25,13 +37,13 @@ def chunk_layout(T, C, cu_seqlens, device):
             ends.append(min(c0 + C, e))
             inner.append(c0 + C < e)
     as_t = lambda x, dt: torch.tensor(x, device=device, dtype=dt)  # noqa: E731
-    return as_t(starts, torch.int32), as_t(ends, torch.int32), as_t(inner, torch.bool)
+    return ChunkLayout(as_t(starts, torch.int32), as_t(ends, torch.int32), as_t(inner, torch.bool), C)
 
 
 def border_sums(A, A_rev, gl, gr, layout):
     """X for the left decay [B, H, n, K] (sum over V) and the right decay [B, H, n, V] (sum over K) of
     A ⊙ Ã with the decays of the step after each chunk: X_left = λ ⊙ ((A ⊙ Ã) γ), X_right = γ ⊙ (λ (A ⊙ Ã))."""
-    _, ends, inner = layout
+    ends, inner = layout.ends, layout.inner
     nxt = torch.where(inner, ends, torch.zeros_like(ends)).long()
     P = A * A_rev  # [B, H, n, K, V]
 
@@ -58,7 +70,7 @@ def log_decay_grad(a, da, x, dx, sign, X, layout, shape):
 
     a, da, x, dx: [B, T, H, D]; X: border sums [B, H, n, D]; shape: the decay's own shape
     ([H], [B, T, H] or [B, T, H, D])."""
-    ends = layout[1].long()
+    ends = layout.ends.long()
     db = sign * (a.double() * da.double() - x.double() * dx.double())
     db[:, ends - 1] += X.transpose(1, 2)
     # reverse cumsum restarting at every chunk: global reverse cumsum (float64) minus its value past the chunk

@@ -1,6 +1,10 @@
-"""The core op registered with torch.library, so that models calling it compile with
-torch.compile(fullgraph=True): the forward and the backward are opaque custom ops with fake (meta)
-implementations for tracing; the backward is wired with register_autograd.
+"""The core op, two ways around the same forward and backward functions:
+- registered with torch.library, so that models calling it compile with torch.compile(fullgraph=True): the
+  forward and the backward are opaque custom ops with fake (meta) implementations for tracing; the backward
+  is wired with register_autograd;
+- a plain torch.autograd.Function for eager runs: the custom-op dispatch costs about a millisecond of Python
+  per forward+backward (measured on an H100 host), as much as the kernels of a mid-size call.
+`run` picks the first while compiling and the second otherwise.
 
 Custom ops cannot return None: absent optional outputs are empty tensors here and become None outside."""
 from typing import List, Optional, Tuple
@@ -18,10 +22,7 @@ def _state_dtype(q):
     return torch.float64 if q.dtype == torch.float64 else torch.float32
 
 
-@torch.library.custom_op("ula::linear_attention_fwd", mutates_args=())
-def linear_attention_fwd(q: Tensor, k: Tensor, v: Tensor, ld: Optional[Tensor], rd: Optional[Tensor],
-                         h0: Optional[Tensor], cu_seqlens: Optional[Tensor], scale: float, reverse: bool,
-                         chunk_size: int, backend: str) -> Tuple[Tensor, Tensor, Tensor]:
+def _forward(q, k, v, ld, rd, h0, cu_seqlens, scale, reverse, chunk_size, backend):
     """Returns (o in the dtype of v, final state float32/float64, o in the compute dtype if rd is given
     (the right-decay gradient needs it) else an empty tensor)."""
     F = chunk_fn(backend, q.device)
@@ -30,6 +31,21 @@ def linear_attention_fwd(q: Tensor, k: Tensor, v: Tensor, ld: Optional[Tensor], 
     out = o.to(v.dtype).contiguous()
     o_keep = (o.clone() if out.data_ptr() == o.data_ptr() else o.contiguous()) if rd is not None else o.new_empty(_EMPTY)
     return out, S.to(_state_dtype(q)).contiguous(), o_keep
+
+
+def _backward_impl(q, k, v, ld, rd, h0, o, do, dS, cu_seqlens, scale, reverse, chunk_size, backend, need_ld,
+                   need_rd):
+    F = chunk_fn(backend, q.device)
+    grads = backward_pass(F, q, k, v, ld, rd, h0, o if o.numel() else None, do, dS, scale, cu_seqlens, reverse,
+                          chunk_size, need_ld, need_rd)
+    return [g.contiguous() if g is not None else q.new_empty(_EMPTY) for g in grads]
+
+
+@torch.library.custom_op("ula::linear_attention_fwd", mutates_args=())
+def linear_attention_fwd(q: Tensor, k: Tensor, v: Tensor, ld: Optional[Tensor], rd: Optional[Tensor],
+                         h0: Optional[Tensor], cu_seqlens: Optional[Tensor], scale: float, reverse: bool,
+                         chunk_size: int, backend: str) -> Tuple[Tensor, Tensor, Tensor]:
+    return _forward(q, k, v, ld, rd, h0, cu_seqlens, scale, reverse, chunk_size, backend)
 
 
 @linear_attention_fwd.register_fake
@@ -47,10 +63,8 @@ def linear_attention_bwd(q: Tensor, k: Tensor, v: Tensor, ld: Optional[Tensor], 
                          h0: Optional[Tensor], o: Tensor, do: Tensor, dS: Optional[Tensor],
                          cu_seqlens: Optional[Tensor], scale: float, reverse: bool, chunk_size: int, backend: str,
                          need_ld: bool, need_rd: bool) -> List[Tensor]:
-    F = chunk_fn(backend, q.device)
-    grads = backward_pass(F, q, k, v, ld, rd, h0, o if o.numel() else None, do, dS, scale, cu_seqlens, reverse,
-                          chunk_size, need_ld, need_rd)
-    return [g.contiguous() if g is not None else q.new_empty(_EMPTY) for g in grads]
+    return _backward_impl(q, k, v, ld, rd, h0, o, do, dS, cu_seqlens, scale, reverse, chunk_size, backend, need_ld,
+                          need_rd)
 
 
 @linear_attention_bwd.register_fake
@@ -65,17 +79,40 @@ def _setup_context(ctx, inputs, output):
     ctx.cfg = (scale, reverse, chunk_size, backend)
 
 
-def _backward(ctx, do, dS, _do_keep):
+def _grads(ctx, do, dS, bwd):
     q, k, v, ld, rd, h0, o, cu = ctx.saved_tensors
     scale, reverse, chunk_size, backend = ctx.cfg
     need_ld = ld is not None and ctx.needs_input_grad[3]
     need_rd = rd is not None and ctx.needs_input_grad[4]
-    g = linear_attention_bwd(q, k, v, ld, rd, h0, o, do.contiguous(), dS, cu, scale, reverse, chunk_size, backend,
-                             need_ld, need_rd)
+    g = bwd(q, k, v, ld, rd, h0, o, do.contiguous(), dS, cu, scale, reverse, chunk_size, backend, need_ld, need_rd)
     dld = g[3] if need_ld else None
     drd = g[4] if need_rd else None
     dh0 = g[5] if h0 is not None else None
     return g[0], g[1], g[2], dld, drd, dh0, None, None, None, None, None
 
 
+def _backward(ctx, do, dS, _do_keep):
+    return _grads(ctx, do, dS, linear_attention_bwd)
+
+
 linear_attention_fwd.register_autograd(_backward, setup_context=_setup_context)
+
+
+class _Eager(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, *inputs):
+        out = _forward(*inputs)
+        _setup_context(ctx, inputs, out)
+        ctx.mark_non_differentiable(out[2])
+        return out
+
+    @staticmethod
+    def backward(ctx, do, dS, _do_keep):
+        return _grads(ctx, do, dS, _backward_impl)
+
+
+def run(q, k, v, ld, rd, h0, cu_seqlens, scale, reverse, chunk_size, backend):
+    """(o, final state, o kept for a right decay's gradient): the custom op while compiling, else the eager
+    autograd.Function (same functions inside)."""
+    op = linear_attention_fwd if torch.compiler.is_compiling() else _Eager.apply
+    return op(q, k, v, ld, rd, h0, cu_seqlens, scale, reverse, chunk_size, backend)

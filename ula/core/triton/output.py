@@ -245,7 +245,7 @@ def chunk_output(q, k, v, b, c, border, h0, scale, layout, reverse, dot, out_dty
     vec = (b is not None and b.shape[-1] > 1) or c is not None
     C = layout.C
     BT, BK, BV, W = tuned("output_vec" if vec else "output",
-                          (16, 32, 64, 4) if vec else (64, 64, 128, 4))  # benchmarks/results/tile_sweep_h100*.json
+                          (16, 32, 128, 4) if vec else (64, 64, 128, 4))  # benchmarks/results/tile_sweep_h100*.json
     BT, BK, BV = min(C, BT), block(K, BK), block(V, BV)
     o = alloc((B, T, H, V), q.device, out_dtype)
     dummy = border
