@@ -242,6 +242,9 @@ def build_parser():
     t.add_argument("--save-every", type=int, help="checkpoint every N steps (default 100)")
     t.add_argument("--val-frac", type=float, help="fraction of the corpus held out (default 0.05)")
     t.add_argument("--seed", type=int)
+    t.add_argument("--context-parallel", type=int, metavar="N", help="under torchrun: N ranks share each batch of "
+                   "sequences, each holding a contiguous slice of --seq-len (world size a multiple of N; mixers "
+                   "gla, mlstm_exp, mlstm_sig; default 1: none)")
     t.add_argument("--resume", help="run folder or checkpoint folder to continue from exactly")
     t.add_argument("--device", default="auto", help="auto (GPU if any), cpu, cuda")
     t.add_argument("--threads", type=int, help="CPU threads")

@@ -62,10 +62,27 @@ class Mixer(nn.Module):
 
     backend = "auto"
     chunk_size = 64
+    context_parallel = False  # True where the layer's op takes a cp_group (see set_cp_group)
+    cp_group = None
 
     def _kw(self, cu_seqlens):
-        return dict(output_final_state=True, cu_seqlens=cu_seqlens, chunk_size=self.chunk_size,
-                    backend=self.backend)
+        kw = dict(output_final_state=True, cu_seqlens=cu_seqlens, chunk_size=self.chunk_size, backend=self.backend)
+        if self.cp_group is not None:
+            kw["cp_group"] = self.cp_group
+        return kw
+
+
+def set_cp_group(module, group):
+    """Context parallelism for every token mixer in `module` (a model or a mixer): `forward` then takes this
+    rank's contiguous slice of T, the ranks of the torch.distributed `group` holding the slices in rank order
+    (ula/core/context_parallel.py); None turns it off. `step` (decoding) is unaffected. Raises ValueError,
+    naming the mixers, where one cannot (before changing any)."""
+    mixers = [m for m in module.modules() if isinstance(m, Mixer)]
+    bad = sorted({type(m).__name__ for m in mixers if not m.context_parallel})
+    if group is not None and bad:
+        raise ValueError(f"{', '.join(bad)} cannot run with context parallelism (a cp_group): its op takes none")
+    for m in mixers:
+        m.cp_group = group
 
 
 def swish(x):

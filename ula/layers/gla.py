@@ -14,6 +14,8 @@ from ._base import Mixer, check_divisible, head_norm, merge_heads, split_heads, 
 
 
 class GLALayer(Mixer):
+    context_parallel = True  # ula.ops.gla takes a cp_group
+
     def __init__(self, d_model, n_heads=4, *, expand_k=0.5, expand_v=1.0, gate_rank=16, tau=16.0,
                  norm="layernorm", norm_eps=1e-5, scale=None, chunk_size=64, backend="auto"):
         super().__init__()

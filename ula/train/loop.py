@@ -15,6 +15,7 @@ from tqdm.auto import tqdm
 
 from ..models import CausalLM, LMConfig
 from . import checkpoint as ckpt
+from .context_parallel import ContextParallel
 from .data import load_corpus, split, train_batch, val_batches
 from .errors import ConfigError
 from .files import atomic_path, check_out_dir
@@ -23,7 +24,7 @@ from .schedule import lr_factor
 MODEL_DEFAULTS = dict(mixer="gla", d_model=128, n_layers=2, n_heads=4)
 TRAIN_DEFAULTS = dict(steps=300, batch_size=16, seq_len=128, lr=2e-3, min_lr_ratio=0.1, warmup=30,
                       schedule="cosine", weight_decay=0.1, clip=1.0, eval_every=100, eval_batches=8,
-                      save_every=100, val_frac=0.05, seed=0, minutes=None, data=None)
+                      save_every=100, val_frac=0.05, seed=0, minutes=None, data=None, context_parallel=1)
 MODEL_KEYS, TRAIN_KEYS = tuple(MODEL_DEFAULTS), tuple(TRAIN_DEFAULTS)
 
 
@@ -93,15 +94,17 @@ def param_groups(model, wd):
 
 
 @torch.no_grad()
-def evaluate(model, val, a, device, amp):
+def evaluate(model, val, a, device, amp, cp=None):
+    """Mean validation loss per byte (with context parallelism cp: this slice's share of it)."""
     model.eval()
     tot = n = 0.0
     for x, y in val_batches(val, a["batch_size"], a["seq_len"], a["eval_batches"]):
+        n += y.numel()
+        x, y = cp.shard(x, y) if cp is not None else (x, y)
         x, y = x.to(device), y.to(device)
         with amp:
             logits, _ = model(x)
         tot += F.cross_entropy(logits.flatten(0, 1).float(), y.flatten(), reduction="sum").item()
-        n += y.numel()
     model.train()
     return tot / n
 
@@ -136,6 +139,8 @@ def train(given, out_dir=None, resume=None, device="auto", quiet=False):
         raise ConfigError("a new run needs an output folder (out_dir, --out)")
     check_out_dir(out_dir, out_flag)
     model = model.to(dev)
+    cp = ContextParallel(a["context_parallel"], d.world, d.rank, cfg.mixer, a["seq_len"])
+    cp.attach(model)
     data, name = load_corpus(a["data"])
     tr, val = split(data, a["val_frac"], a["seq_len"], name)
     opt = torch.optim.AdamW(param_groups(model, a["weight_decay"]), lr=a["lr"], betas=(0.9, 0.95),
@@ -145,17 +150,16 @@ def train(given, out_dir=None, resume=None, device="auto", quiet=False):
         opt.load_state_dict(trainer["optimizer"])
         start, history = trainer["step"], trainer["history"]
         ckpt.restore_rng(trainer["rng"])
-    net = model
-    if d.world > 1:
-        from torch.nn.parallel import DistributedDataParallel as DDP
-        net = DDP(model, device_ids=[dev.index] if dev.type == "cuda" else None)
+    net = cp.wrap(model, dev)
     amp = torch.autocast("cuda", dtype=torch.bfloat16) if dev.type == "cuda" else nullcontext()
     if d.main:
         os.makedirs(out_dir, exist_ok=True)
         if not quiet:
             print(f"ula train: {cfg.mixer}, d_model {cfg.d_model}, {cfg.n_layers} layers, {cfg.n_heads} heads, "
                   f"{model.num_parameters() / 1e6:.2f}M parameters on {dev}"
-                  f"{f' x {d.world} ranks' if d.world > 1 else ''}; corpus {name}: {len(tr)} train / "
+                  f"{f' x {d.world} ranks' if d.world > 1 else ''}"
+                  f"{f' ({cp.n} per sequence: context parallel)' if cp.n > 1 else ''}; corpus {name}: "
+                  f"{len(tr)} train / "
                   f"{len(val)} validation bytes; steps {start}..{a['steps']}; out {out_dir}")
 
     def save(step):
@@ -164,11 +168,11 @@ def train(given, out_dir=None, resume=None, device="auto", quiet=False):
         d.barrier()
 
     def validate(step):
-        v = d.mean(evaluate(model, val, a, dev, amp))
+        v = d.mean(evaluate(model, val, a, dev, amp, cp)) * cp.n  # the slices' shares summed
         history["val"].append([step, v, v / math.log(2)])
         return v / math.log(2)
 
-    tokens_per_step = a["batch_size"] * a["seq_len"] * d.world
+    tokens_per_step = a["batch_size"] * a["seq_len"] * cp.dp_size
     t0 = time.perf_counter()
     bar = tqdm(total=a["steps"], initial=start, disable=quiet or not d.main, dynamic_ncols=True,
                mininterval=0.5, unit="step")
@@ -181,18 +185,19 @@ def train(given, out_dir=None, resume=None, device="auto", quiet=False):
         lr = a["lr"] * lr_factor(step, a["steps"], a["schedule"], a["warmup"], a["min_lr_ratio"])
         for g in opt.param_groups:
             g["lr"] = lr
-        x, y = train_batch(tr, a["batch_size"], a["seq_len"], a["seed"], d.rank, step)
+        x, y = cp.shard(*train_batch(tr, a["batch_size"], a["seq_len"], a["seed"], cp.dp_rank, step))
         x, y = x.to(dev, non_blocking=True), y.to(dev, non_blocking=True)
         with amp:
             logits, _ = net(x)
-        loss = F.cross_entropy(logits.flatten(0, 1).float(), y.flatten())
+        loss = cp.loss(logits, y, a["batch_size"] * a["seq_len"])
         opt.zero_grad(set_to_none=True)
         loss.backward()
+        cp.reduce_grads(model)
         gn = torch.nn.utils.clip_grad_norm_(model.parameters(), a["clip"]) if a["clip"] else None
         opt.step()
         step += 1
         seen += tokens_per_step
-        lv = d.mean(loss.item())
+        lv = d.mean(loss.item()) * cp.n
         history["train"].append([step, lv, lr])
         el = time.perf_counter() - t0
         post = dict(loss=f"{lv:.3f}", tok_s=f"{seen / max(el, 1e-9):,.0f}", lr=f"{lr:.1e}")

@@ -1,0 +1,94 @@
+"""`ula train --context-parallel N` (ula/train/context_parallel.py) on CPU: two gloo processes sharing each
+sequence (an odd --seq-len, split 17 / 16) take one training step with the same loss, validation loss and
+updated parameters (<= 1e-5 relative) as one process on the whole sequence; mixers that cannot are refused."""
+import json
+import os
+import socket
+
+import pytest
+import torch
+import torch.multiprocessing as mp
+from safetensors.torch import load_file
+
+from helpers import fresh_seed, rel
+from ula.train import train
+from ula.train.context_parallel import cp_mixers, slice_bounds
+
+MIXERS = ("gla", "mlstm_exp", "mlstm_sig")
+TOL = 1e-5
+
+
+def _given(mixer, seed, cp=None):
+    return dict(mixer=mixer, d_model=32, n_layers=2, n_heads=2, steps=1, batch_size=2, seq_len=33, lr=1e-3,
+                warmup=0, schedule="constant", eval_every=1, eval_batches=1, save_every=100, seed=seed,
+                context_parallel=cp)
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _worker(rank, world, mixers, ports, seed, root):
+    torch.set_num_threads(1)
+    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1")
+    for mixer, port in zip(mixers, ports):
+        os.environ["MASTER_PORT"] = str(port)  # a fresh rendezvous per run (train() sets up and tears down)
+        train(_given(mixer, seed, cp=world), out_dir=os.path.join(root, f"cp-{mixer}"), device="cpu", quiet=True)
+
+
+def _result(out):
+    """(training loss, validation loss, parameters, AdamW's first moments) after the step. After one step the first
+    moment is (1 - β1) times the (clipped) gradient, so the gradients are compared through it, tensor by tensor.
+    The parameters are compared over the whole model: AdamW's first update, lr · g / (|g| + eps), magnifies the
+    rounding of a gradient element near eps = 1e-8 up to lr / eps = 1e5 times, which in a zero-initialised bias
+    (whose norm after one step is ~lr) can alone reach 1e-5 of that tensor, whichever way the gradient is summed."""
+    with open(os.path.join(out, "metrics.json")) as f:
+        m = json.load(f)
+    ck = os.path.join(out, "checkpoints", "step-000001")
+    params = load_file(os.path.join(ck, "model.safetensors"))
+    opt = torch.load(os.path.join(ck, "trainer.pt"), weights_only=False)["optimizer"]["state"]
+    moments = [opt[i]["exp_avg"] for i in sorted(opt)]
+    return m["history"]["train"][0][1], m["final_val_loss"], params, moments
+
+
+def test_one_step_with_context_parallel_2_equals_one_process(tmp_path, monkeypatch):
+    seed = fresh_seed() % 2**31
+    for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE"):
+        monkeypatch.delenv(k, raising=False)
+    mp.spawn(_worker, args=(2, MIXERS, [_free_port() for _ in MIXERS], seed, str(tmp_path)), nprocs=2, join=True)
+    errs = {}
+    for mixer in MIXERS:
+        train(_given(mixer, seed), out_dir=str(tmp_path / f"one-{mixer}"), device="cpu", quiet=True)
+        loss1, val1, p1, m1 = _result(str(tmp_path / f"one-{mixer}"))
+        loss2, val2, p2, m2 = _result(str(tmp_path / f"cp-{mixer}"))
+        assert sorted(p1) == sorted(p2) and len(m1) == len(m2) == len(p1)
+        assert all(m.abs().max() > 0 for m in m1), "a parameter without gradient"
+        e = {"loss": abs(loss2 - loss1) / abs(loss1), "val_loss": abs(val2 - val1) / abs(val1),
+             "parameters": rel(torch.cat([p2[n].flatten() for n in p1]), torch.cat([p1[n].flatten() for n in p1])),
+             "gradients": max(rel(b, a) for a, b in zip(m1, m2))}
+        errs[mixer] = {k: f"{v:.1e}" for k, v in e.items()}
+        assert all(v <= TOL for v in e.values()), f"seed {seed}, {mixer}: {errs[mixer]}"
+    print(errs)
+
+
+def test_slices_cover_the_sequence():
+    assert slice_bounds(33, 2) == [(0, 17), (17, 33)]
+    assert slice_bounds(5, 4) == [(0, 2), (2, 3), (3, 4), (4, 5)]
+
+
+def test_mixers_without_context_parallelism_are_refused(tmp_path):
+    assert set(cp_mixers()) == set(MIXERS)
+    with pytest.raises(ValueError, match="--mixer softmax cannot run with --context-parallel 2"):
+        train(_given("softmax", 0, cp=2), out_dir=str(tmp_path / "sm"), device="cpu", quiet=True)
+    with pytest.raises(ValueError, match="world size divisible by 2"):
+        train(_given("gla", 0, cp=2), out_dir=str(tmp_path / "gla"), device="cpu", quiet=True)
+
+
+def test_set_cp_group_names_the_mixer():
+    from ula.layers._base import set_cp_group
+    from ula.models import CausalLM, LMConfig
+    model = CausalLM(LMConfig(d_model=32, n_layers=1, n_heads=2, mixer="softmax"))
+    with pytest.raises(ValueError, match="SoftmaxAttentionLayer"):
+        set_cp_group(model, object())
