@@ -93,3 +93,17 @@ def test_device_mismatch():
         call(k=torch.randn(B, T, H, K, device="meta"))
     with pytest.raises(ValueError, match="ld must be on the device of q"):
         call(ld=torch.zeros(H, device="meta"))
+
+
+def test_value_check_policy():
+    """Values are checked on the CPU always; elsewhere (a GPU, here the meta device) only when asked, since
+    reading them waits for the device; never while compiling."""
+    from ula.core.checks import check_values
+    cpu, meta = torch.zeros(2), torch.zeros(2, device="meta")
+    assert check_values(cpu) and not check_values(meta)
+    try:
+        ula.set_value_checks(True)
+        assert check_values(meta)
+    finally:
+        ula.set_value_checks(False)
+    assert not check_values(meta)

@@ -4,6 +4,24 @@ import math
 import torch
 
 FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+# Value checks (a log decay must be finite and <= 0) read the data: on a GPU that waits for the whole queue
+# of kernels, which stalls a training loop. Shapes, dtypes and devices are always checked; values always on
+# the CPU, and on a GPU only after set_value_checks(True). Skipping them is safe: a positive log decay is
+# still the recurrence's own math (no silent wrong answer), and a non-finite one gives non-finite outputs.
+_VALUE_CHECKS_ON_GPU = [False]
+
+
+def set_value_checks(on_gpu):
+    """Check the values of log decays and gates of GPU tensors too (each check waits for the GPU)."""
+    _VALUE_CHECKS_ON_GPU[0] = bool(on_gpu)
+
+
+def check_values(x):
+    """Whether the values of tensor x are checked now: never while torch.compile traces, always on the CPU."""
+    if torch.compiler.is_compiling():
+        return False
+    return x.device.type == "cpu" or _VALUE_CHECKS_ON_GPU[0]
 BACKENDS = ("auto", "torch", "triton", "reference")
 
 
@@ -88,7 +106,7 @@ def _check_decay(name, g, q, shapes, what):
         raise TypeError(f"{name} (log decay) must be float32 or float64 so cumulative sums keep their precision, got {g.dtype}")
     if g.device != q.device:
         raise ValueError(f"{name} must be on the device of q ({q.device}), got {g.device}")
-    if torch.compiler.is_compiling():  # a value check would break the graph; eager runs check it
+    if not check_values(g):
         return
     bad = ~(torch.isfinite(g) & (g <= 0))
     if bool(bad.any()):

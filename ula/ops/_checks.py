@@ -3,21 +3,14 @@
 The core checks q, k, v, cu_seqlens, chunk_size, backend and scale (`check_sequence`); these add the
 family-specific arguments (gates, coefficients, state tuples) and the one-token `*_step` functions, which
 never reach the core's checks. Shape and dtype checks read metadata only; value checks (a log gate must be
-finite and <= 0) need one reduction and are skipped while torch.compile traces."""
+finite and <= 0) follow the core's policy (ula.core.checks.check_values)."""
 import torch
 
-from ..core.checks import check_linear_attention
+from ..core.checks import check_linear_attention, check_values
 
 
 def _desc(x):
     return f"shape {tuple(x.shape)}, dtype {x.dtype}"
-
-
-def _compiling():
-    try:
-        return torch.compiler.is_compiling()
-    except AttributeError:  # pragma: no cover (old torch)
-        return False
 
 
 def check_sequence(q, k, v, cu_seqlens=None, chunk_size=64, backend="auto", scale=None):
@@ -41,7 +34,7 @@ def check_float(op, name, x, shape, what, *, log_gate=False, nonneg=False, nonpo
                         f"got {x.dtype}")
     if tuple(x.shape) != tuple(shape):
         raise ValueError(f"{op}: {name} must be {what} = {tuple(shape)}, got {_desc(x)}")
-    if (log_gate or nonneg or nonpos) and not _compiling():
+    if (log_gate or nonneg or nonpos) and check_values(x):
         bad = ~torch.isfinite(x) | ((x < 0) if nonneg else (x > 0))
         if bool(bad.any()):
             idx = tuple(bad.nonzero()[0].tolist())

@@ -28,9 +28,14 @@ class Layout:
     chunk_offset: torch.Tensor  # int32 [N + 1]: first chunk of each sequence
 
 
+_DUMMY = {}  # per device: an int32 tensor passed where a kernel reads nothing (no allocation per call)
+
+
 def make_layout(B, T, C, cu_seqlens, device):
     if cu_seqlens is None:
-        z = torch.zeros(1, dtype=torch.int32, device=device)
+        z = _DUMMY.get(device)
+        if z is None:
+            z = _DUMMY[device] = torch.zeros(1, dtype=torch.int32, device=device)
         return Layout(C, triton.cdiv(T, C), B, False, z, z, z, z)
     cu = cu_seqlens.to(device=device, dtype=torch.int64)
     N = cu.numel() - 1
