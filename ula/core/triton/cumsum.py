@@ -14,7 +14,7 @@ from .utils import alloc, block
 def _cumsum_kernel(g, out, cu, chunk_seq, chunk_start, T, H, D, sg_b, sg_t, sg_h, sg_d,
                    C: tl.constexpr, BR: tl.constexpr, BD: tl.constexpr, REVERSE: tl.constexpr,
                    VARLEN: tl.constexpr):
-    i_d, i_c, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    i_c, i_d, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)  # chunks on axis 0 (up to 2^31)
     i_b, i_h = i_bh // H, i_bh % H
     if VARLEN:
         seq = tl.load(chunk_seq + i_c)
@@ -53,7 +53,7 @@ def chunk_cumsum(g, layout, reverse):
     C = layout.C
     BR = min(C, 64)
     BD = block(D, 32, lo=1)
-    grid = (triton.cdiv(D, BD), layout.n, Bg * H)
+    grid = (layout.n, triton.cdiv(D, BD), Bg * H)
     _cumsum_kernel[grid](g, out, layout.cu, layout.chunk_seq, layout.chunk_start, T, H, D, *g.stride(),
                          C=C, BR=BR, BD=BD, REVERSE=reverse, VARLEN=layout.varlen)
     return out

@@ -13,7 +13,7 @@ from .utils import alloc, block
 @triton.jit
 def _decay_grad_kernel(a, da, x, dx, X, out, starts, ends, T, H, D, n, sign,
                        C: tl.constexpr, BR: tl.constexpr, BD: tl.constexpr, SUM_D: tl.constexpr):
-    i_d, i_c, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    i_c, i_d, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)  # chunks on axis 0 (up to 2^31)
     i_b, i_h = i_bh // H, i_bh % H
     cs = tl.load(starts + i_c)
     ce = tl.load(ends + i_c)
@@ -53,7 +53,7 @@ def log_decay_grad_triton(a, da, x, dx, sign, X, layout, shape):
     out = alloc((B, T, H) if sum_d else (B, T, H, D), a.device)
     BD = block(D, 256 if sum_d else 64, lo=16)
     BR = min(layout.C, 32 if BD <= 64 else 16)
-    grid = (triton.cdiv(D, BD), n, B * H)
+    grid = (n, triton.cdiv(D, BD), B * H)
     _decay_grad_kernel[grid](a, da, x, dx, X, out, layout.starts, layout.ends, T, H, D, n, float(sign), C=layout.C,
                              BR=BR, BD=BD, SUM_D=sum_d)
     return out.sum((0, 1)) if len(shape) == 1 else out

@@ -161,7 +161,7 @@ def _output_kernel(q, k, v, b, c, border, h0, o, cu, chunk_seq, chunk_start, T, 
                    BV: tl.constexpr, HAS_B: tl.constexpr, HAS_C: tl.constexpr, VEC: tl.constexpr,
                    HAS_H0: tl.constexpr, REVERSE: tl.constexpr, VARLEN: tl.constexpr, DOT: tl.constexpr,
                    LOG_BT: tl.constexpr):
-    i_v, i_r, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    i_r, i_v, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)  # row blocks on axis 0 (up to 2^31)
     i_b, i_h = i_bh // H, i_bh % H
     i_c = i_r // NRB
     sub = i_r % NRB
@@ -249,7 +249,7 @@ def chunk_output(q, k, v, b, c, border, h0, scale, layout, reverse, dot, out_dty
     BT, BK, BV = min(C, BT), block(K, BK), block(V, BV)
     o = alloc((B, T, H, V), q.device, out_dtype)
     dummy = border
-    grid = (triton.cdiv(V, BV), layout.n * (C // BT), B * H)
+    grid = (layout.n * (C // BT), triton.cdiv(V, BV), B * H)  # axes 1 and 2 stop at 65535
     _output_kernel[grid](q, k, v, b if b is not None else dummy, c if c is not None else dummy, border,
                          h0 if h0 is not None else dummy, o, layout.cu, layout.chunk_seq, layout.chunk_start,
                          T, H, K, V, layout.n,

@@ -11,11 +11,33 @@ from .utils import alloc, block, mm, operand, tuned
 
 
 @triton.jit
+def _rows_into_state(S, r0, ce, k_base, v_base, b_base, c_base, b_end, c_end, kc, vc, mk, mv, K, V, H,
+                     DB: tl.constexpr, BT: tl.constexpr, HAS_B: tl.constexpr, HAS_C: tl.constexpr, DOT: tl.constexpr):
+    """S + (k decayed to the chunk's end)ᵀ (v decayed to the chunk's end) over rows r0 .. r0 + BT (before ce)."""
+    rows = r0 + tl.arange(0, BT)
+    mr = rows < ce
+    r64 = rows.to(tl.int64) * H
+    kt = operand(tl.load(k_base + r64[:, None] * K + kc[None, :], mask=mr[:, None] & mk[None, :], other=0.0), DOT)
+    vt = operand(tl.load(v_base + r64[:, None] * V + vc[None, :], mask=mr[:, None] & mv[None, :], other=0.0), DOT)
+    if HAS_B:
+        if DB > 1:
+            bt = tl.load(b_base + r64[:, None] * DB + kc[None, :], mask=mr[:, None] & mk[None, :], other=0.0)
+            kt = kt * tl.exp(tl.where(mr[:, None], b_end[None, :] - bt, float("-inf")))
+        else:
+            bt = tl.load(b_base + r64 * DB, mask=mr, other=0.0)
+            kt = kt * tl.exp(tl.where(mr, b_end - bt, float("-inf")))[:, None]
+    if HAS_C:
+        ct = tl.load(c_base + r64[:, None] * V + vc[None, :], mask=mr[:, None] & mv[None, :], other=0.0)
+        vt = vt * tl.exp(tl.where(mr[:, None], c_end[None, :] - ct, float("-inf")))
+    return S + mm(tl.trans(kt), vt, DOT)
+
+
+@triton.jit
 def _state_kernel(k, v, b, c, h0, border, final, cu, chunk_offset, T, H, K, V, NC, sb_b, sc_b,
                   DB: tl.constexpr, C: tl.constexpr, NB: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
                   HAS_B: tl.constexpr, HAS_C: tl.constexpr, HAS_H0: tl.constexpr, REVERSE: tl.constexpr,
                   VARLEN: tl.constexpr, DOT: tl.constexpr):
-    i_k, i_v, i_nh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    i_nh, i_k, i_v = tl.program_id(0), tl.program_id(1), tl.program_id(2)  # sequences x heads on axis 0
     i_n, i_h = i_nh // H, i_nh % H
     if VARLEN:
         bos = tl.load(cu + i_n)
@@ -54,6 +76,8 @@ def _state_kernel(k, v, b, c, h0, border, final, cu, chunk_offset, T, H, K, V, N
             e_row = cs
         else:
             e_row = ce - 1
+        b_end = 0.0
+        c_end = 0.0
         if HAS_B:
             if DB > 1:
                 b_end = tl.load(b_base + e_row.to(tl.int64) * H * DB + kc, mask=mk, other=0.0)
@@ -64,27 +88,17 @@ def _state_kernel(k, v, b, c, h0, border, final, cu, chunk_offset, T, H, K, V, N
         if HAS_C:
             c_end = tl.load(c_base + e_row.to(tl.int64) * H * V + vc, mask=mv, other=0.0)
             S = S * tl.exp(c_end)[None, :]
-        # the row blocks of a chunk are unrolled, so the loop over chunks is the innermost loop and the
-        # compiler pipelines the next chunk's loads under this chunk's matmuls
-        for sb in tl.static_range(NB):
-            rows = cs + sb * BT + tl.arange(0, BT)
-            mr = rows < ce
-            r64 = rows.to(tl.int64) * H
-            kt = operand(tl.load(k_base + r64[:, None] * K + kc[None, :], mask=mr[:, None] & mk[None, :], other=0.0),
-                         DOT)
-            vt = operand(tl.load(v_base + r64[:, None] * V + vc[None, :], mask=mr[:, None] & mv[None, :], other=0.0),
-                         DOT)
-            if HAS_B:
-                if DB > 1:
-                    bt = tl.load(b_base + r64[:, None] * DB + kc[None, :], mask=mr[:, None] & mk[None, :], other=0.0)
-                    kt = kt * tl.exp(tl.where(mr[:, None], b_end[None, :] - bt, float("-inf")))
-                else:
-                    bt = tl.load(b_base + r64 * DB, mask=mr, other=0.0)
-                    kt = kt * tl.exp(tl.where(mr, b_end - bt, float("-inf")))[:, None]
-            if HAS_C:
-                ct = tl.load(c_base + r64[:, None] * V + vc[None, :], mask=mr[:, None] & mv[None, :], other=0.0)
-                vt = vt * tl.exp(tl.where(mr[:, None], c_end[None, :] - ct, float("-inf")))
-            S += mm(tl.trans(kt), vt, DOT)
+        # up to two row blocks of a chunk are unrolled, so the loop over chunks is the innermost loop and the
+        # compiler pipelines the next chunk's loads under this chunk's matmuls; longer chunks loop (unrolled,
+        # every block's tiles would stay in shared memory at once)
+        if NB <= 2:
+            for sb in tl.static_range(NB):
+                S = _rows_into_state(S, cs + sb * BT, ce, k_base, v_base, b_base, c_base, b_end, c_end, kc, vc, mk, mv,
+                                     K, V, H, DB, BT, HAS_B, HAS_C, DOT)
+        else:
+            for sb in range(NB):
+                S = _rows_into_state(S, cs + sb * BT, ce, k_base, v_base, b_base, c_base, b_end, c_end, kc, vc, mk, mv,
+                                     K, V, H, DB, BT, HAS_B, HAS_C, DOT)
         if not REVERSE:
             tl.store(bord_base + idx.to(tl.int64) * K * V + kv_off, S, mask=mkv)
     tl.store(final + (i_n.to(tl.int64) * H + i_h) * K * V + kv_off, S, mask=mkv)
@@ -104,7 +118,7 @@ def chunk_states(k, v, b, c, h0, layout, reverse, dot, state_dtype=torch.float32
     BT, BK, BV = min(layout.C, BT), block(K, BK), block(V, BV)
     DB = b.shape[-1] if b is not None else 1
     dummy = border
-    grid = (triton.cdiv(K, BK), triton.cdiv(V, BV), N * H)
+    grid = (N * H, triton.cdiv(K, BK), triton.cdiv(V, BV))  # axes 1 and 2 stop at 65535
     _state_kernel[grid](k, v, b if b is not None else dummy, c if c is not None else dummy,
                         h0 if h0 is not None else dummy, border, final, layout.cu, layout.chunk_offset,
                         T, H, K, V, layout.n,
