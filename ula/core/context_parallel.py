@@ -67,6 +67,7 @@ import torch.distributed as dist
 
 from .api import linear_attention
 from .checks import check_linear_attention
+from .time_scan import scan_time
 
 __all__ = ["cp_linear_attention"]
 
@@ -253,8 +254,8 @@ def _cum_log(x, reverse):
     """Cumulative log decay along dim 1 from the slice's entry side: inclusive from the start (forward); from
     the end exclusive of the step itself (reverse: step t is reached from t+1 by the decay of t+1)."""
     if not reverse:
-        return x.cumsum(1)
-    r = x.flip(1).cumsum(1).flip(1)
+        return scan_time(x, lambda y: y.cumsum(-1))
+    r = scan_time(x, lambda y: y.flip(-1).cumsum(-1).flip(-1))
     return torch.cat([r[:, 1:], torch.zeros_like(r[:, :1])], 1)
 
 

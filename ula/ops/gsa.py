@@ -16,6 +16,7 @@ Arguments: g = log α [B, T, H, m] (<= 0) and s [B, T, H, m] the write strengths
 import torch
 
 from ..core import linear_attention
+from ..core.time_scan import scan_time
 from ._checks import (check_float, check_sequence, check_state_tuple, check_step_qkv, num_sequences)
 from ._common import PackedLayout, _step, decay_dtype
 
@@ -123,7 +124,7 @@ def _cumulative_softmax(w, z0, layout):
     wp = layout.pad(w.double())  # pads go last: they never reach a real step
     if z0 is not None:
         wp = torch.cat([z0.to(wp.dtype).unsqueeze(1), wp], 1)
-    z = torch.logcumsumexp(wp, 1)
+    z = scan_time(wp, lambda y: torch.logcumsumexp(y, -1))
     if z0 is not None:
         wp, z = wp[:, 1:], z[:, 1:]
     phi = layout.unpad((wp - z).exp()).to(out_dt)

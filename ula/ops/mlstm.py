@@ -40,6 +40,7 @@ import torch
 import torch.nn.functional as F
 
 from ..core import linear_attention
+from ..core.time_scan import scan_time
 from ._checks import check_float, check_sequence, check_state_tuple, check_step_qkv, num_sequences
 from ._common import PackedLayout, _step, decay_dtype, state_dtype
 
@@ -78,8 +79,8 @@ def _exp_scan(i, f, layout):
     """float64 padded logσ(f), i, F = cumsum logσ(f) and cummax(i − F) along time (from the first step given)."""
     lf = layout.pad(F.logsigmoid(f.double()))
     ip = layout.pad(i.double())
-    Fc = lf.cumsum(1)
-    return lf, ip, Fc, (ip - Fc).cummax(1).values
+    Fc = scan_time(lf, lambda y: y.cumsum(-1))
+    return lf, ip, Fc, scan_time(ip - Fc, lambda y: y.cummax(-1).values)
 
 
 def _exp_gates(i, f, m0, layout, scan=None):
