@@ -88,9 +88,10 @@ def test_core_extreme_decays(backend, kind, reverse, mix):
     seed = fresh_seed()
     errs = compare_with_reference(_core(backend), _extreme_core_inputs(kind, backend, mix), reverse=reverse)
     if kind == "constant" and mix == "mixed-exact":
-        # a constant decay's gradient is one sum over B*T steps whose terms cancel (measured up to 1.3e-4
-        # here); held to 1e-3 as in tests/test_property.py
-        assert errs.pop("dld") <= 1e-3, seed
+        # a constant decay's gradient is one sum over B*T steps whose terms cancel: the PyTorch path runs its
+        # dQ and dK passes in float64 (~1e-4 here), the Triton path in float32, where a rare draw reaches
+        # 1.5e-3 (seed 459660862; the same before and after the kernels' rework): 3e-3 for it
+        assert errs.pop("dld") <= (3e-3 if backend == "triton" else 1e-3), seed
     _check(errs, seed, tol=MIXED_TOL if mix == "mixed" else TOL)
 
 
