@@ -4,12 +4,14 @@
 
 with optional row-wise L2 normalization of q and k first (Eq. 22).
 
-One core call gives numerator and denominator together: q' = [b q, a], k' = [k, 1], v' = [v, 1] make
-q'_i·k'_n = a + b q_i·k_n, so column j < V of the output is the numerator and the last column the
-denominator (scale 1). This is the augmentation of DESIGN §3 with a, b moved entirely to the query
-side (no square roots: a, b may be zero or negative and their gradients stay finite). The state is
-S = Σ k'_n v'_nᵀ [B, H, K+1, V+1] (Σ k vᵀ, Σ k, Σ vᵀ, count), independent of a and b, so a and b can
-change between calls; memory stays O(T·D).
+Numerator and denominator together: q' = [b q, a], k' = [k, 1], v' = [v, 1] make q'_i·k'_n = a + b q_i·k_n,
+so column j < V of Σ (q'_i·k'_n) v'_n is the numerator and the last column the denominator. This is the
+augmentation of DESIGN §3 with a, b moved entirely to the query side (no square roots: a, b may be zero or
+negative and their gradients stay finite). The chunked path splits q'·k' in its two parts, so the core call
+keeps K features (K + 1 would add a tile of one feature to every matmul):
+    o'_i = b · core(q, k, v')_i  +  a · Σ_{n<=i} v'_n      (one core call, v' = [v, 1]; a cumulative sum)
+The state is S = Σ k'_n v'_nᵀ [B, H, K+1, V+1] (Σ k vᵀ, Σ k, Σ vᵀ, count), independent of a and b, so a and
+b can change between calls; memory stays O(T·D).
 
 The denominator. With qk_l2_norm=True, |q_i·k_n| <= 1, so for a > |b| every term is at least a − |b| > 0
 and the denominator is >= (a − |b|)·i (plus what an initial state adds). Other combinations can reach
@@ -20,8 +22,9 @@ import torch
 import torch.nn.functional as F
 
 from ..core import linear_attention
+from ..core.time_scan import scan_time
 from ._checks import check_sequence, check_step_qkv, check_step_state, num_sequences
-from ._common import _step
+from ._common import PackedLayout, _step, decay_dtype
 
 
 def _coef(name, x, like):
@@ -41,13 +44,19 @@ def _coef(name, x, like):
     return x.unsqueeze(-1)
 
 
-def _augment(q, k, v, a, b, qk_l2_norm):
+def _parts(q, k, v, a, b, qk_l2_norm):
+    """(b q, k, v' = [v, 1], a) after the optional L2 normalization; a, b broadcastable to [..., H, 1]."""
     a, b = _coef("a", a, q), _coef("b", b, q)
     if qk_l2_norm:
         q, k = F.normalize(q, dim=-1), F.normalize(k, dim=-1)
-    qa = torch.cat([b * q, a.expand(*q.shape[:-1], 1)], -1)
+    return b * q, k, torch.cat([v, torch.ones_like(v[..., :1])], -1), a
+
+
+def _augment(q, k, v, a, b, qk_l2_norm):
+    """q' = [b q, a], k' = [k, 1], v' = [v, 1] (the one-step form)."""
+    qb, k, va, a = _parts(q, k, v, a, b, qk_l2_norm)
+    qa = torch.cat([qb, a.expand(*qb.shape[:-1], 1)], -1)
     ka = torch.cat([k, torch.ones_like(k[..., :1])], -1)
-    va = torch.cat([v, torch.ones_like(v[..., :1])], -1)
     return qa, ka, va
 
 
@@ -69,11 +78,21 @@ def normalized_linear_attention(q, k, v, a=1.0, b=1.0, *, qk_l2_norm=True, eps=1
         N, _, H, K = (num_sequences(q, cu_seqlens),) + tuple(q.shape[1:])
         check_step_state("normalized_linear_attention", initial_state, (N, H, K + 1, v.shape[-1] + 1),
                          "[B, H, K + 1, V + 1] ([N, ...] with cu_seqlens)", name="initial_state")
-    qa, ka, va = _augment(q, k, v, a, b, qk_l2_norm)
-    o, S = linear_attention(qa, ka, va, scale=1.0, initial_state=initial_state,
+    qb, k, va, a = _parts(q, k, v, a, b, qk_l2_norm)
+    K = k.shape[-1]
+    S0 = initial_state
+    o, S = linear_attention(qb, k, va, scale=1.0, initial_state=None if S0 is None else S0[:, :, :K].contiguous(),
                             output_final_state=output_final_state, cu_seqlens=cu_seqlens,
                             chunk_size=chunk_size, backend=backend)
-    return _divide(o, eps), S
+    # the a part: a · (z0 + Σ_{n<=i} v'_n) per sequence, z0 the last row of the initial state
+    lay = PackedLayout(cu_seqlens, q.shape[1], q.device)
+    z = scan_time(lay.pad(va.to(decay_dtype(q))), lambda y: y.cumsum(-1))  # [N, L, H, V+1]
+    if S0 is not None:
+        z = z + S0[:, :, K].to(z.dtype).unsqueeze(1)
+    out = _divide(o.to(z.dtype) + a.to(z.dtype) * lay.unpad(z), eps).to(v.dtype)
+    if S is not None:
+        S = torch.cat([S, lay.last_of(z).to(S.dtype).unsqueeze(2)], 2)
+    return out, S
 
 
 def normalized_linear_attention_step(q, k, v, a=1.0, b=1.0, state=None, *, qk_l2_norm=True, eps=1e-6):
