@@ -361,7 +361,10 @@ def cp_linear_attention(q, k, v, ld=None, rd=None, *, cp_group, scale=None, init
         ql = q[:, a0:b0].to(sdt)
         if gl is not None:
             ql = ql * torch.exp(_cum_log(gl[:, a0:b0].to(sdt), reverse))
-        corr = torch.einsum("bthk,bhkv->bthv", ql, Ein)
+        # bfloat16 inputs: the matmul in bfloat16 (tensor cores, float32 accumulation), as the core's own
+        # inter-chunk term reads its bfloat16 border states (not float16: a state can exceed its range)
+        mm_dt = torch.bfloat16 if q.dtype == torch.bfloat16 else sdt
+        corr = torch.einsum("bthk,bhkv->bthv", ql.to(mm_dt), Ein.to(mm_dt)).to(sdt)
         if rd is not None:
             corr = corr * torch.exp(_cum_log(rd[:, a0:b0].to(sdt), reverse))
         mid = (o[:, a0:b0].to(sdt) + corr * scale).to(o.dtype)
