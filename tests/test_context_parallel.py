@@ -185,6 +185,22 @@ def _bad_inputs_raise_everywhere(rank, R, group):
     return all(ok)
 
 
+def _bf16_close(rank, R, group, seed):
+    """bfloat16 inputs (the correction runs as a bfloat16 matmul): the slice outputs within 1e-2 of one float32
+    process on the same (bf16-rounded) inputs, scalar and vector decay."""
+    torch.manual_seed(seed)
+    T, n = 40 * R, 40
+    q, k, v = (torch.randn(1, T, 2, 16).bfloat16() for _ in range(3))
+    ok = []
+    for shape in ((1, T, 2), (1, T, 2, 16)):
+        g = torch.nn.functional.logsigmoid(torch.randn(shape) + 3)
+        o_ref, _ = ula.linear_attention(q.float(), k.float(), v.float(), g)
+        s = slice(rank * n, (rank + 1) * n)
+        o, _ = ula.linear_attention(q[:, s], k[:, s], v[:, s], g[:, s], cp_group=group)
+        ok.append(o.dtype == torch.bfloat16 and rel(o.float(), o_ref[:, s]) < 1e-2)
+    return all(ok)
+
+
 def _worker(rank, R, init, seed, out):
     dist.init_process_group("gloo", init_method=init, rank=rank, world_size=R)
     torch.set_num_threads(1)
@@ -195,6 +211,7 @@ def _worker(rank, R, init, seed, out):
             errs = _run_case(case, seed + n, rank, R, group)
             results.append(dict(case=case, errs=errs))
         results.append(dict(case="bad inputs raise on every rank", ok=_bad_inputs_raise_everywhere(rank, R, group)))
+        results.append(dict(case="bfloat16 slices close to float32", ok=_bf16_close(rank, R, group, seed)))
         with open(f"{out}.{rank}", "w") as f:
             json.dump(results, f)
     finally:
@@ -230,7 +247,10 @@ def test_context_parallel_equals_single_process(R):
                 if not res["ok"]:
                     bad.append(res["case"])
                 continue
-            over = {k: f"{v:.2e}" for k, v in res["errs"].items() if not v <= TOL}
+            # a constant decay's gradient is one sum over B*T steps whose terms cancel (summed over ranks
+            # here): 1e-3 as in tests/test_extreme.py and tests/test_property.py (5.3e-5 seen at 4 ranks)
+            tol = {"dld": 1e-3} if res["case"].get("kind") == "constant" else {}
+            over = {k: f"{v:.2e}" for k, v in res["errs"].items() if not v <= tol.get(k, TOL)}
             if over:
                 bad.append((res["case"], over))
     assert not bad, f"{R} ranks, seed {seed}: {bad[:6]}"
