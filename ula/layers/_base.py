@@ -49,6 +49,35 @@ def check_divisible(name, a, b):
         raise ValueError(f"{name} = {a} must be divisible by the number of heads {b}")
 
 
+def map_state(fn, state):
+    """fn applied to every tensor of a state (a tensor or nested tuples / lists of them)."""
+    if isinstance(state, torch.Tensor):
+        return fn(state)
+    if isinstance(state, (tuple, list)):
+        return type(state)(map_state(fn, s) for s in state)
+    if state is None:
+        return None
+    raise TypeError(f"a mixer state is a tensor or a tuple / list of them, got {type(state).__name__}")
+
+
+def state_tensors(state):
+    if isinstance(state, torch.Tensor):
+        return [state]
+    return [t for s in (state or ()) for t in state_tensors(s)]
+
+
+def copy_state_(dst, src):
+    """Copies the tensors of state src into those of dst (same structure and shapes), in place."""
+    d, s = state_tensors(dst), state_tensors(src)
+    if len(d) != len(s):
+        raise ValueError(f"states differ in structure: {len(d)} tensors to fill, {len(s)} given")
+    for a, b in zip(d, s):
+        if a.shape != b.shape:
+            raise ValueError(f"state tensor of shape {tuple(b.shape)} does not fit a buffer of shape {tuple(a.shape)}")
+        if a is not b:
+            a.copy_(b)
+
+
 class Mixer(nn.Module):
     """A token mixer. Subclasses define
 
@@ -58,12 +87,37 @@ class Mixer(nn.Module):
     `forward` runs the chunk path over a whole sequence, starting from `state` (None = zeros) and
     returning the state after its last token; with `cu_seqlens` (B == 1, N packed sequences) states
     hold N rows. `step` decodes one token from the state `forward` (or `step`) returned; state None
-    starts from zeros. The state of a linear mixer has a size independent of the sequence length."""
+    starts from zeros. The state of a linear mixer has a size independent of the sequence length.
+    `static_state` / `load_static_state` / `step_static` decode from preallocated buffers updated in place
+    (what a CUDA graph replays, see ula.models.cuda_graph); by default `step` plus a copy, softmax
+    attention overrides them with a KV cache of a maximum length."""
 
     backend = "auto"
     chunk_size = 64
     context_parallel = False  # True where the layer's op takes a cp_group (see set_cp_group)
     cp_group = None
+
+    uses_length = False  # True where step_static reads a max-length buffer up to a bound (softmax's KV cache)
+
+    # ---- static states (preallocated, updated in place: what one CUDA graph can replay per token) ----------
+    def static_state(self, state, max_len):
+        """Preallocated buffers for `step_static`, holding a copy of `state` (as `forward` or `step` returned
+        it). max_len: the most tokens the buffers must cover (a linear mixer's state ignores it)."""
+        return map_state(lambda t: t.detach().clone(memory_format=torch.contiguous_format), state)
+
+    def load_static_state(self, buffers, state):
+        """Copies `state` into the buffers of `static_state` (in place)."""
+        copy_state_(buffers, state)
+
+    def step_static(self, x, buffers, pos, bound=None):
+        """One token, x [B, d] -> y [B, d], from the buffers of `static_state`, updated in place to the state
+        after this token. pos: int64 [1] on the device, the number of tokens before this one. bound: a number
+        of positions >= pos + 1 that a length-dependent state (uses_length) reads; None: all of it.
+        Neither synchronizes with the host nor allocates what outlives the call, so a CUDA graph can capture
+        it. By default `step`, then its new state copied into the buffers (the same numbers as `step`)."""
+        y, new = self.step(x, buffers)
+        copy_state_(buffers, new)
+        return y
 
     def _kw(self, cu_seqlens):
         kw = dict(output_final_state=True, cu_seqlens=cu_seqlens, chunk_size=self.chunk_size, backend=self.backend)

@@ -40,8 +40,19 @@ class NormalizedLinearAttentionLayer(Mixer):
                                            initial_state=state, **self._kw(cu_seqlens))
         return self.o_proj(merge_heads(o)), S
 
+    def _ab_step(self, like):
+        """a, b for a decoding step; fixed ones as tensors kept per device and dtype (the op would copy each
+        number from the host at every step, which a CUDA graph cannot capture)."""
+        if self.learnable_ab or torch.compiler.is_compiling():
+            return self.a, self.b
+        cached = getattr(self, "_ab_cache", None)
+        if cached is None or cached[0].device != like.device or cached[0].dtype != like.dtype:
+            cached = self._ab_cache = tuple(torch.tensor(c, dtype=like.dtype, device=like.device)
+                                            for c in (self.a, self.b))
+        return cached
+
     def step(self, x, state=None):
         q, k, v = self._inputs(x)
-        o, S = normalized_linear_attention_step(q, k, v, self.a, self.b, state, qk_l2_norm=self.qk_l2_norm,
-                                                eps=self.eps)
+        a, b = self._ab_step(q)
+        o, S = normalized_linear_attention_step(q, k, v, a, b, state, qk_l2_norm=self.qk_l2_norm, eps=self.eps)
         return self.o_proj(merge_heads(o)), S

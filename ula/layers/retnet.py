@@ -35,7 +35,13 @@ class RetNetLayer(Mixer):
     def _ld(self, x):
         if self.learn_decay:
             return F.logsigmoid(self.decay_logit.float())
-        return retnet_log_decay(self.n_heads, x.device)   # fixed: recomputed, nothing to store or load
+        # fixed: nothing to store or load; kept per device (no host-to-device copy per decoding step)
+        if torch.compiler.is_compiling():
+            return retnet_log_decay(self.n_heads, x.device)
+        cached = getattr(self, "_ld_cache", None)
+        if cached is None or cached.device != x.device:
+            cached = self._ld_cache = retnet_log_decay(self.n_heads, x.device)
+        return cached
 
     def _inputs(self, x):
         H = self.n_heads

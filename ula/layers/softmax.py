@@ -3,7 +3,10 @@
     q, k, v = W_q x, W_k x, W_v x  (RoPE on q, k),   o = softmax(q kᵀ / √D + causal mask) v,   y = W_o o
 The state is the KV cache (k [B, H, L, D], v [B, H, L, D]) after rotation: it grows with L, unlike the
 linear mixers. With cu_seqlens (B == 1 packed) attention stays inside each sequence, positions restart
-per sequence, and no cache is returned (state must be None there)."""
+per sequence, and no cache is returned (state must be None there).
+`step_static` decodes from a preallocated KV cache instead (k, v [B, H, max_len, D], see `static_state`):
+each token is written at its position in place and SDPA reads the first `bound` positions with a mask
+hiding those after it, so a CUDA graph captured for one bound serves every position below it."""
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -72,3 +75,49 @@ class SoftmaxAttentionLayer(Mixer):
     def step(self, x, state=None):
         y, S = self.forward(x.unsqueeze(1), state)
         return y.squeeze(1), S
+
+    # ---- static KV cache ----------------------------------------------------------------------------------
+    uses_length = True
+
+    def static_state(self, state, max_len):
+        """Zeroed (k, v) [B, H, max_len, D] holding the cache `state` in its first positions."""
+        k, v = state
+        if k.shape[2] > max_len:
+            raise ValueError(f"a KV cache of {k.shape[2]} positions does not fit a static cache of {max_len}")
+        buffers = (k.new_zeros(*k.shape[:2], max_len, k.shape[3]), v.new_zeros(*v.shape[:2], max_len, v.shape[3]))
+        self.load_static_state(buffers, state)
+        return buffers
+
+    def load_static_state(self, buffers, state):
+        for buf, x in zip(buffers, state):
+            if x.shape[2] > buf.shape[2] or x.shape[:2] != buf.shape[:2]:
+                raise ValueError(f"a KV cache of shape {tuple(x.shape)} does not fit buffers {tuple(buf.shape)}")
+            buf.zero_()   # positions after the prefix: masked, but finite (0 · NaN would leak through the mask)
+            buf[:, :, :x.shape[2]].copy_(x)
+
+    def _rope_inv(self, device):
+        """RoPE's inverse frequencies (as `rope` computes them), kept per device: no work per step."""
+        cached = getattr(self, "_rope_inv_cache", None)
+        if cached is None or cached.device != device:
+            D = self.d_model // self.n_heads
+            cached = 1.0 / (self.rope_base ** (torch.arange(0, D, 2, device=device, dtype=torch.float32) / D))
+            self._rope_inv_cache = cached
+        return cached
+
+    def step_static(self, x, buffers, pos, bound=None):
+        """One token x [B, d] at position pos (int64 [1], on the device) -> y [B, d]; writes its k, v into the
+        buffers at pos and attends to positions <= pos among the first `bound` (all when None)."""
+        kc, vc = buffers
+        H = self.n_heads
+        q, k, v = (split_heads(p(x), H) for p in (self.q_proj, self.k_proj, self.v_proj))   # [B, H, D]
+        if self.use_rope:   # rope of q and k together (the formula of `rope`, one pass)
+            ang = pos.to(torch.float32)[:, None] * self._rope_inv(x.device)                # [1, D/2]
+            cos, sin = ang.cos(), ang.sin()
+            x1, x2 = torch.stack([q, k]).float().chunk(2, -1)
+            q, k = torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], -1).to(x.dtype).unbind(0)
+        kc.index_copy_(2, pos, k.unsqueeze(2))
+        vc.index_copy_(2, pos, v.unsqueeze(2))
+        n = kc.shape[2] if bound is None else bound
+        mask = (torch.arange(n, device=x.device) <= pos).view(1, 1, 1, n)
+        o = F.scaled_dot_product_attention(q.unsqueeze(2), kc[:, :, :n], vc[:, :, :n], attn_mask=mask)
+        return self.o_proj(merge_heads(o.squeeze(2)))

@@ -6,15 +6,23 @@
 `forward(input_ids, cache=None)` runs the chunk path over the given tokens, continuing from `cache`
 (a `StateCache`, one mixer state per block) and returning the new one; a single token with a cache
 takes the recurrent `step` path. `generate` prefills with the chunk path and then decodes one recurrent
-step per token: for the linear mixers the cache has a fixed size, whatever the number of tokens."""
+step per token: for the linear mixers the cache has a fixed size, whatever the number of tokens.
+
+Static decoding: `static_cache` turns a cache into a `StaticStateCache`, preallocated buffers (softmax
+attention: a KV cache of a maximum length) that `step` updates in place, the position kept on the device.
+One step, embedding -> every layer's step -> logits, then neither synchronizes with the host nor allocates
+what outlives it, so `generate(..., cuda_graph=True)` (the default on CUDA) captures it once in a CUDA graph
+(`ula.models.cuda_graph`) and replays it per token: eager decoding at batch 1 is bound by kernel launches."""
 import json
 import os
+import warnings
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
 from ..layers import MIXERS, RMSNorm, build_mixer, softcap
+from ..layers._base import state_tensors
 from .config import LMConfig
 
 WEIGHTS_NAME = "model.safetensors"
@@ -52,13 +60,9 @@ class Block(nn.Module):
         h = h + y
         return h + self.mlp(self.mlp_norm(h)), state
 
-
-def _tensors(x):
-    if isinstance(x, torch.Tensor):
-        yield x
-    elif isinstance(x, (tuple, list)):
-        for y in x:
-            yield from _tensors(y)
+    def step_static(self, h, buffers, pos, bound=None):
+        h = h + self.mixer.step_static(self.mixer_norm(h), buffers, pos, bound)
+        return h + self.mlp(self.mlp_norm(h))
 
 
 class StateCache:
@@ -70,7 +74,7 @@ class StateCache:
         self.seen_tokens = seen_tokens
 
     def tensors(self):
-        return list(_tensors(self.states))
+        return state_tensors(self.states)
 
     def numel(self):
         return sum(t.numel() for t in self.tensors())
@@ -83,6 +87,36 @@ class StateCache:
 
     def __repr__(self):
         return f"StateCache({len(self.states)} layers, {self.seen_tokens} tokens seen, {self.numel()} numbers)"
+
+
+class StaticStateCache(StateCache):
+    """Preallocated mixer states (`Mixer.static_state`), updated in place by each step, for up to max_len
+    tokens in all. `position` (int64 [1], on the device) counts the tokens seen, as `seen_tokens` does on the
+    host. Where a mixer's state depends on the length (uses_length: softmax attention's KV cache), a step
+    reads its buffers up to a bound: the smallest of `bounds` (powers of two from `min_bound`, then max_len)
+    that covers the position, so attention at a short context reads a short prefix and one CUDA graph per
+    bound serves every position. Made by `CausalLM.static_cache`."""
+
+    def __init__(self, states, seen_tokens, position, max_len, bounds=None):
+        super().__init__(states, seen_tokens)
+        self.position, self.max_len, self.bounds = position, max_len, bounds
+
+    def bound_for(self, n):
+        """The bound of a step that makes the context n tokens long (None: no state depends on the length)."""
+        if n > self.max_len:
+            raise ValueError(f"the static cache holds {self.max_len} tokens; a step to {n} does not fit "
+                             "(make it with a larger max_len)")
+        if self.bounds is None:
+            return None
+        return next(b for b in self.bounds if b >= n)
+
+    def __repr__(self):
+        return (f"StaticStateCache({len(self.states)} layers, {self.seen_tokens} of {self.max_len} tokens, "
+                f"{self.numel()} numbers)")
+
+
+def _round_up(n, m):
+    return -(-n // m) * m
 
 
 def sample_next(logits, temperature=1.0, top_k=None, top_p=None, greedy=False, generator=None):
@@ -142,6 +176,10 @@ class CausalLM(nn.Module):
         if cache is not None and input_ids.shape[1] == 1 and cu_seqlens is None:
             logits, cache = self.step(input_ids[:, 0], cache)
             return logits.unsqueeze(1), cache
+        if isinstance(cache, StaticStateCache):   # continues token by token, in place
+            if cu_seqlens is not None:
+                raise ValueError("a StaticStateCache cannot be combined with cu_seqlens")
+            return torch.stack([self.step(t, cache)[0] for t in input_ids.unbind(1)], 1), cache
         states = [None] * len(self.blocks) if cache is None else cache.states
         h = self.embed(input_ids)
         new = []
@@ -152,7 +190,12 @@ class CausalLM(nn.Module):
         return self._logits(h), StateCache(new, seen)
 
     def step(self, token_ids, cache=None):
-        """One token per row, token_ids [B] -> (logits [B, vocab], StateCache)."""
+        """One token per row, token_ids [B] -> (logits [B, vocab], StateCache). A StaticStateCache is
+        updated in place (and returned)."""
+        if isinstance(cache, StaticStateCache):
+            logits = self.step_static(token_ids, cache, cache.bound_for(cache.seen_tokens + 1))
+            cache.seen_tokens += 1
+            return logits, cache
         states = [None] * len(self.blocks) if cache is None else cache.states
         h = self.embed(token_ids)
         new = []
@@ -162,16 +205,67 @@ class CausalLM(nn.Module):
         seen = (0 if cache is None else cache.seen_tokens) + 1
         return self._logits(h), StateCache(new, seen)
 
+    # ---- static decoding ----------------------------------------------------------------------------------
+    @torch.no_grad()
+    def static_cache(self, cache, max_len, min_bound=256):
+        """A StaticStateCache for up to max_len tokens in all (rounded up to a multiple of 64), holding a copy
+        of `cache` (a StateCache from forward or step; it is left as it is). min_bound: the first bound of a
+        length-dependent state (see StaticStateCache)."""
+        if isinstance(cache, StaticStateCache):
+            raise TypeError("static_cache takes a StateCache (from forward or step), got a StaticStateCache")
+        if cache.seen_tokens >= max_len:
+            raise ValueError(f"max_len {max_len} leaves no room after the {cache.seen_tokens} tokens cached")
+        max_len = _round_up(max_len, 64)
+        states = [b.mixer.static_state(s, max_len) for b, s in zip(self.blocks, cache.states)]
+        position = torch.full((1,), cache.seen_tokens, dtype=torch.long, device=self.embed.weight.device)
+        bounds = None
+        if any(b.mixer.uses_length for b in self.blocks):
+            bounds, b = [], max(1, min_bound)
+            while b < max_len:
+                bounds.append(b)
+                b *= 2
+            bounds.append(max_len)
+        return StaticStateCache(states, cache.seen_tokens, position, max_len, bounds)
+
+    @torch.no_grad()
+    def load_static_cache(self, static, cache):
+        """Copies `cache` (a StateCache) into the buffers of `static`, in place: decoding restarts from it."""
+        if cache.seen_tokens >= static.max_len:
+            raise ValueError(f"{cache.seen_tokens} cached tokens leave no room in a static cache of {static.max_len}")
+        for b, buf, s in zip(self.blocks, static.states, cache.states):
+            b.mixer.load_static_state(buf, s)
+        static.position.fill_(cache.seen_tokens)
+        static.seen_tokens = cache.seen_tokens
+
+    def step_static(self, token_ids, static, bound=None):
+        """One token per row, token_ids [B] -> logits [B, vocab], from a StaticStateCache updated in place
+        (its device position advances; its seen_tokens, on the host, is the caller's to advance). No host
+        synchronization: what ula.models.cuda_graph captures."""
+        h = self.embed(token_ids)
+        for block, buf in zip(self.blocks, static.states):
+            h = block.step_static(h, buf, static.position, bound)
+        static.position.add_(1)
+        return self._logits(h)
+
     @torch.no_grad()
     def generate(self, input_ids, max_new_tokens, temperature=1.0, top_k=None, top_p=None, greedy=False,
-                 generator=None, eos_token_id=None, return_cache=False):
+                 generator=None, eos_token_id=None, return_cache=False, cuda_graph=None):
         """Prefill input_ids [B, T] with the chunk path, then decode max_new_tokens tokens one recurrent
-        step each. Returns [B, T + new] (and the final StateCache with return_cache=True). Rows that
-        produced eos_token_id keep producing it; decoding stops early when every row has."""
+        step each. Returns [B, T + new] (and the final cache with return_cache=True). Rows that
+        produced eos_token_id keep producing it; decoding stops early when every row has.
+        cuda_graph (default: True on CUDA, False elsewhere): decode from a StaticStateCache of T + new
+        tokens, one CUDA-graph replay per token (the same steps; the returned cache is then the static
+        one). Where CUDA graphs cannot be used (no CUDA device, or the capture fails), a warning says why
+        and decoding goes on eagerly."""
         logits, cache = self(input_ids)
         last = logits[:, -1]
         out = [input_ids]
         done = torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
+        graph = None
+        if cuda_graph is None:
+            cuda_graph = input_ids.device.type == "cuda"
+        if cuda_graph and max_new_tokens > 1:
+            graph = self._graph_or_warn(cache, input_ids.shape[1] + max_new_tokens - 1)
         for i in range(max_new_tokens):
             tok = sample_next(last, temperature, top_k, top_p, greedy, generator)
             if eos_token_id is not None:
@@ -180,9 +274,29 @@ class CausalLM(nn.Module):
             out.append(tok[:, None])
             if i + 1 == max_new_tokens or (eos_token_id is not None and bool(done.all())):
                 break
-            last, cache = self.step(tok, cache)
+            if graph is not None:
+                last = graph(tok)
+            else:
+                last, cache = self.step(tok, cache)
         ids = torch.cat(out, 1)
+        if graph is not None:
+            cache = graph.cache
         return (ids, cache) if return_cache else ids
+
+    def _graph_or_warn(self, cache, max_len):
+        """A captured GraphedDecoder over a static copy of cache, or None (with a warning) where it cannot be."""
+        from .cuda_graph import GraphedDecoder
+        device = self.embed.weight.device
+        if device.type != "cuda":
+            warnings.warn(f"generate(cuda_graph=True): CUDA graphs need a CUDA device, the model is on {device}; "
+                          "decoding eagerly", RuntimeWarning, stacklevel=3)
+            return None
+        try:
+            return GraphedDecoder(self, cache, max_len)
+        except Exception as e:  # capture can fail on an op that syncs with the host, or on memory
+            warnings.warn(f"generate(cuda_graph=True): capturing the decoding step in a CUDA graph failed "
+                          f"({type(e).__name__}: {str(e)[:300]}); decoding eagerly", RuntimeWarning, stacklevel=3)
+            return None
 
     def num_parameters(self):
         return sum(p.numel() for p in self.parameters())
