@@ -128,6 +128,21 @@ def test_gsa_layer_shapes():
     assert S1.shape == (1, 4, 16, 64) and S2.shape == (1, 4, 64, 16)
 
 
+def test_gla_gsa_gate_biases_start_as_documented():
+    """GLA: b_r = 2, b_α = 4; GSA: b_α = 3 (None: no bias, as Eq. 8 prints); kept by CausalLM's init."""
+    from ula.models import CausalLM, LMConfig
+    gla_, gsa_ = build_mixer("gla", 64, 4), build_mixer("gsa", 64, 4)
+    assert torch.all(gla_.r_proj.bias == 2.0) and torch.all(gla_.gk_up.bias == 4.0)
+    assert torch.all(gsa_.f_proj.bias == 3.0)
+    assert build_mixer("gsa", 64, 4, fgate_bias_init=None).f_proj.bias is None
+    m = build_mixer("gla", 64, 4, rgate_bias_init=0.5, fgate_bias_init=1.0)
+    assert torch.all(m.r_proj.bias == 0.5) and torch.all(m.gk_up.bias == 1.0)
+    for name, checks in (("gla", lambda l: torch.all(l.r_proj.bias == 2.0) and torch.all(l.gk_up.bias == 4.0)),
+                         ("gsa", lambda l: torch.all(l.f_proj.bias == 3.0))):
+        model = CausalLM(LMConfig(vocab_size=16, d_model=32, n_layers=2, n_heads=2, mixer=name))
+        assert all(checks(b.mixer) for b in model.blocks)
+
+
 @pytest.mark.parametrize("variant", ["exp", "sig"])
 def test_mlstm_layer_shapes(variant):
     m = build_mixer(f"mlstm_{variant}", 64, 4)
