@@ -13,7 +13,7 @@ import torch
 import triton
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
-from ula.bench.measure import ours  # noqa: E402
+from ula.bench.measure import measure, ours  # noqa: E402
 
 
 def profile(fn, args, iters=5):
@@ -67,14 +67,17 @@ def main():
     ap.add_argument("--kinds", default="none,constant,scalar,vector")
     ap.add_argument("--shape", default="2,8192,16,128,128")
     ap.add_argument("--host", action="store_true", help="also profile the Python (launch) side")
+    ap.add_argument("--chunk", type=int, default=None, help="chunk size (default: the heuristic's)")
     a = ap.parse_args()
     shape = tuple(int(x) for x in a.shape.split(","))
     print(json.dumps(dict(device=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
                           shape=shape, env={k: v for k, v in os.environ.items() if k.startswith("ULA_")})))
     for kind in a.kinds.split(","):
-        fn, args = ours(kind, *shape)
+        fn, args = ours(kind, *shape, C=a.chunk)
         t, rows, fb = profile(fn, args)
-        print(f"== {kind}: f+b {t:.3f} ms (median); GPU kernels sum {sum(r[2] for r in rows):.3f} ms; per iteration:")
+        _, _, peak = measure(fn, args)
+        print(f"== {kind} chunk {a.chunk or 'auto'}: f+b {t:.3f} ms (median), peak {peak:.0f} MiB; "
+              f"GPU kernels sum {sum(r[2] for r in rows):.3f} ms; per iteration:")
         for n, c, ms in rows[:14]:
             print(f"  {ms:7.3f} ms  x{c:<3d} {n[:110]}")
         if a.host:

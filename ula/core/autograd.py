@@ -40,10 +40,15 @@ def half_states(q):
     return torch.bfloat16 if q.dtype == torch.bfloat16 else None
 
 
+def _floored(F, q, g):
+    """g floored, unless F floors log decays itself (a backend's kernels may do it on the way in: no copy)."""
+    return g if (getattr(F, "floors_log_decay", False) and q.dtype != torch.float64) else floor_decay(g)
+
+
 def forward_pass(F, q, k, v, ld, rd, h0, scale, cu_seqlens, reverse, chunk_size):
     """O = F(Q, K, V, L, R, rev). Returns o (in the dtype of v; in the compute dtype with a right decay, whose
     gradient needs it) and the final state (compute dtype)."""
-    o, S, _ = F(q, k, v, canonical_left(floor_decay(ld), q.shape[1]), floor_decay(rd), scale=scale, initial_state=h0,
+    o, S, _ = F(q, k, v, canonical_left(_floored(F, q, ld), q.shape[1]), _floored(F, q, rd), scale=scale, initial_state=h0,
                 cu_seqlens=cu_seqlens, reverse=reverse, chunk_size=chunk_size,
                 out_dtype=None if rd is not None else v.dtype, state_dtype=half_states(q))
     return o, S
@@ -52,7 +57,12 @@ def forward_pass(F, q, k, v, ld, rd, h0, scale, cu_seqlens, reverse, chunk_size)
 def backward_pass(F, q, k, v, ld, rd, h0, o, do, dS, scale, cu, rev, C, need_ld, need_rd):
     """dQ, dK, dV by the same F with roles swapped, d initial state from the dV pass, decay gradients in
     closed form. o (the forward output in the compute dtype) is needed only for a right decay; dS may be
-    None. Returns (dq, dk, dv, dld, drd, dh0) in the dtypes of their inputs (None where not needed)."""
+    None. Returns (dq, dk, dv, dld, drd, dh0) in the dtypes of their inputs (None where not needed).
+    A backend may do it all in one function of its own (F.fused_backward, same math) where no right decay is."""
+    fused = getattr(F, "fused_backward", None)
+    if fused is not None and rd is None and q.dtype != torch.float64:
+        dq, dk, dv, dld, dh0 = fused(q, k, v, ld, h0, do, dS, scale, cu, rev, C, need_ld)
+        return dq, dk, dv, dld, None, dh0
     T = q.shape[1]
     ld_in, rd_in = ld, rd
     ld, rd = floor_decay(ld), floor_decay(rd)

@@ -86,7 +86,7 @@ def chunk_recurrence_triton(q, k, v, gl=None, gr=None, *, scale=1.0, initial_sta
     dot = dot_code(q, k, v)
     b = chunk_cumsum(gl, layout, reverse) if gl is not None else None
     c = chunk_cumsum(gr, layout, reverse) if gr is not None else None
-    border, final = chunk_states(k, v, b, c, h0, layout, reverse, dot, state_dtype or torch.float32)
+    border, final, _ = chunk_states(k, v, b, c, h0, layout, reverse, dot, state_dtype or torch.float32)
     o = chunk_output(q, k, v, b, c, border, h0, scale, layout, reverse, dot, out_dtype or torch.float32)
     if reverse and (gl is not None or gr is not None):
         final = _final_decay(final, gl, gr, cu_seqlens)
@@ -100,6 +100,17 @@ chunk_recurrence_triton.constant_decay_grad_dtype = torch.float32
 
 # The log-decay gradients of the backward (autograd.py) run as one kernel on the GPU.
 chunk_recurrence_triton.log_decay_grad = log_decay_grad_triton
+
+# The cumulative-sum kernel floors log decays as it reads them.
+chunk_recurrence_triton.floors_log_decay = True
+
+
+def _fused_backward(*args):
+    from .backward import fused_backward  # imports this module
+    return fused_backward(*args)
+
+
+chunk_recurrence_triton.fused_backward = _fused_backward
 
 
 def _pick_chunk(ld, rd):

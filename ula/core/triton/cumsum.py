@@ -3,17 +3,19 @@
 Forward: b_t = sum of g over the chunk's steps up to t. Reverse: step t takes the decay of step t+1 (0 past the
 end of its sequence) and the sum runs from t to the chunk's end. Chunks start at each sequence's first step.
 Reads g through its strides (an expanded [1, T, H, 1] view of a constant decay costs no copy); writes a
-contiguous float32 [Bg, T, H, D]."""
+contiguous float32 [Bg, T, H, D]. Log decays are floored at LOG_DECAY_FLOOR on the way in (autograd.py says
+why), so callers pass them as they are."""
 import triton
 import triton.language as tl
 
+from ..autograd import LOG_DECAY_FLOOR
 from .utils import alloc, block
 
 
 @triton.jit
 def _cumsum_kernel(g, out, cu, chunk_seq, chunk_start, T, H, D, sg_b, sg_t, sg_h, sg_d,
                    C: tl.constexpr, BR: tl.constexpr, BD: tl.constexpr, REVERSE: tl.constexpr,
-                   VARLEN: tl.constexpr):
+                   VARLEN: tl.constexpr, FLOOR: tl.constexpr):
     i_c, i_d, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)  # chunks on axis 0 (up to 2^31)
     i_b, i_h = i_bh // H, i_bh % H
     if VARLEN:
@@ -40,6 +42,7 @@ def _cumsum_kernel(g, out, cu, chunk_seq, chunk_start, T, H, D, sg_b, sg_t, sg_h
             msrc = rows < ce
         x = tl.load(g_base + src.to(tl.int64)[:, None] * sg_t + cols[None, :] * sg_d,
                     mask=msrc[:, None] & mcol[None, :], other=0.0).to(tl.float32)
+        x = tl.maximum(x, FLOOR)
         y = tl.cumsum(x, 0, reverse=REVERSE) + carry[None, :]
         carry += tl.sum(x, 0)
         tl.store(o_base + rows.to(tl.int64)[:, None] * (H * D) + cols[None, :], y,
@@ -47,7 +50,8 @@ def _cumsum_kernel(g, out, cu, chunk_seq, chunk_start, T, H, D, sg_b, sg_t, sg_h
 
 
 def chunk_cumsum(g, layout, reverse):
-    """g [Bg, T, H, D] (any strides) -> chunk-local cumulative log decay, contiguous float32 [Bg, T, H, D]."""
+    """g [Bg, T, H, D] (any strides) -> chunk-local cumulative log decay, contiguous float32 [Bg, T, H, D].
+    Log decays are floored at LOG_DECAY_FLOOR on the way in (ula/core/autograd.py says why): no floored copy."""
     Bg, T, H, D = g.shape
     out = alloc((Bg, T, H, D), g.device)
     C = layout.C
@@ -55,5 +59,6 @@ def chunk_cumsum(g, layout, reverse):
     BD = block(D, 32, lo=1)
     grid = (layout.n, triton.cdiv(D, BD), Bg * H)
     _cumsum_kernel[grid](g, out, layout.cu, layout.chunk_seq, layout.chunk_start, T, H, D, *g.stride(),
-                         C=C, BR=BR, BD=BD, REVERSE=reverse, VARLEN=layout.varlen)
+                         C=C, BR=BR, BD=BD, REVERSE=reverse, VARLEN=layout.varlen,
+                         FLOOR=LOG_DECAY_FLOOR)
     return out

@@ -5,9 +5,14 @@ batch x heads.
 
 with j before i in the chunk (after i in reverse), b, c the chunk-local cumulative log decays of kernel 1.
 The intra-chunk matrix is tiled: a program owns BT rows and loops over key blocks of BT, so any chunk size fits.
-Off-diagonal blocks: exp(b_i - b_j) = exp(b_i - b_r) exp(b_j -> b_r) with a reference step r between the two
-blocks (both factors <= 1), so the block is one matmul (paper 002 §4.3, secondary chunking; BT = 16 for decays
-per feature). Diagonal block: per-element relative decays, masked before exp (no positive exponent forms)."""
+Off-diagonal blocks with decays per feature: exp(b_i - b_j) = exp(b_i - b_r) exp(b_r - b_j) with a reference step r
+between the rows and all their key blocks (both factors <= 1), so each block is one matmul (paper 002 §4.3, secondary
+chunking; BT = 16 rows) and the rows' factor is formed once. With one decay value per step the block's decays are a
+[BT, BT] factor after the matmul. Diagonal block: per-element relative decays, masked before exp (no positive
+exponent forms), or for decays per feature secondary chunking down to single steps.
+
+The scale of the part through the states and of the intra-chunk part are separate (the backward's passes enter
+with states already scaled), and an optional epilogue forms the log-decay gradient's per-step terms."""
 import torch
 import triton
 import triton.language as tl
@@ -16,50 +21,57 @@ from .utils import alloc, block, mm, operand, tuned
 
 
 @triton.jit
-def _offdiag(q_base, k_base, v_base, b_base, c_base, rows, mi, js, ce, vc, mv, K, V, H,
-             DB: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, HAS_B: tl.constexpr,
-             HAS_C: tl.constexpr, VEC: tl.constexpr, REVERSE: tl.constexpr, DOT: tl.constexpr):
-    """Contribution of the key block starting at js (entirely before the rows, after them in reverse)."""
+def _offdiag(q_base, k_base, v_base, b_base, rows, mi, js, ce, vc, mv, K, V, H, DB: tl.constexpr, BT: tl.constexpr,
+             BK: tl.constexpr, HAS_B: tl.constexpr, DOT: tl.constexpr):
+    """Contribution of the key block starting at js (entirely before the rows, after them in reverse), for
+    decays with one value per step: the block's decays are one [BT, BT] factor after the matmul."""
     cols = js + tl.arange(0, BT)
     mj = cols < ce
     ri = rows.to(tl.int64) * H
     rj = cols.to(tl.int64) * H
-    if REVERSE:
-        r = js  # reference step between the query rows and the key block
-    else:
-        r = js + BT - 1
     A = tl.zeros([BT, BT], dtype=tl.float32)
     for kk in range(0, K, BK):
         kc = kk + tl.arange(0, BK)
         mk = kc < K
         qt = operand(tl.load(q_base + ri[:, None] * K + kc[None, :], mask=mi[:, None] & mk[None, :], other=0.0), DOT)
         kt = operand(tl.load(k_base + rj[:, None] * K + kc[None, :], mask=mj[:, None] & mk[None, :], other=0.0), DOT)
-        if VEC and HAS_B:
-            if DB > 1:
-                br = tl.load(b_base + r.to(tl.int64) * H * DB + kc, mask=mk, other=0.0)[None, :]
-                bq = tl.load(b_base + ri[:, None] * DB + kc[None, :], mask=mi[:, None] & mk[None, :], other=0.0)
-                bk = tl.load(b_base + rj[:, None] * DB + kc[None, :], mask=mj[:, None] & mk[None, :], other=0.0)
-            else:  # scalar left decay next to a right decay: [BT, 1] columns, broadcast over K
-                br = tl.load(b_base + r.to(tl.int64) * H * DB)
-                bq = tl.load(b_base + ri * DB, mask=mi, other=0.0)[:, None]
-                bk = tl.load(b_base + rj * DB, mask=mj, other=0.0)[:, None]
-            qt = qt * tl.exp(tl.where(mi[:, None], bq - br, float("-inf")))
-            kt = kt * tl.exp(tl.where(mj[:, None], br - bk, float("-inf")))
         A += mm(qt, tl.trans(kt), DOT)
-    if HAS_B and not VEC:
+    if HAS_B:
         bi = tl.load(b_base + ri * DB, mask=mi, other=0.0)
         bj = tl.load(b_base + rj * DB, mask=mj, other=0.0)
         A = A * tl.exp(tl.where(mi[:, None] & mj[None, :], bi[:, None] - bj[None, :], float("-inf")))
     vt = operand(tl.load(v_base + rj[:, None] * V + vc[None, :], mask=mj[:, None] & mv[None, :], other=0.0), DOT)
+    return mm(A, vt, DOT)
+
+
+@triton.jit
+def _offdiag_vec(qs, k_base, v_base, b_base, c_base, rr, r_ok, js, ce, vc, mv, K, V, H, DB: tl.constexpr,
+                 BT: tl.constexpr, BKF: tl.constexpr, BV: tl.constexpr, HAS_B: tl.constexpr, HAS_C: tl.constexpr,
+                 DOT: tl.constexpr):
+    """Decays per feature: the key block starting at js against the rows' q already decayed to the reference
+    step r (qs, all K features; r lies between every key of an off-diagonal block and every row, so one r
+    serves all blocks). Returns A @ (v decayed from the keys to r); the caller applies the rows' side of c."""
+    cols = js + tl.arange(0, BT)
+    mj = cols < ce
+    rj = cols.to(tl.int64) * H
+    kf = tl.arange(0, BKF)
+    mk = kf < K
+    kt = tl.load(k_base + rj[:, None] * K + kf[None, :], mask=mj[:, None] & mk[None, :], other=0.0).to(tl.float32)
+    if HAS_B:
+        if DB > 1:
+            br = tl.load(b_base + rr * DB + kf, mask=mk & r_ok, other=0.0)[None, :]
+            bk = tl.load(b_base + rj[:, None] * DB + kf[None, :], mask=mj[:, None] & mk[None, :], other=0.0)
+        else:
+            br = tl.load(b_base + rr * DB, mask=r_ok, other=0.0)
+            bk = tl.load(b_base + rj * DB, mask=mj, other=0.0)[:, None]
+        kt = kt * tl.exp(tl.where(mj[:, None], br - bk, float("-inf")))
+    A = mm(qs, tl.trans(kt), DOT)
+    vt = operand(tl.load(v_base + rj[:, None] * V + vc[None, :], mask=mj[:, None] & mv[None, :], other=0.0), DOT)
     if HAS_C:
-        cr = tl.load(c_base + r.to(tl.int64) * H * V + vc, mask=mv, other=0.0)
+        cr = tl.load(c_base + rr * V + vc, mask=mv & r_ok, other=0.0)
         cj = tl.load(c_base + rj[:, None] * V + vc[None, :], mask=mj[:, None] & mv[None, :], other=0.0)
-        ci = tl.load(c_base + ri[:, None] * V + vc[None, :], mask=mi[:, None] & mv[None, :], other=0.0)
         vt = vt * tl.exp(tl.where(mj[:, None], cr[None, :] - cj, float("-inf")))
-        out = mm(A, vt, DOT) * tl.exp(tl.where(mi[:, None], ci - cr[None, :], float("-inf")))
-    else:
-        out = mm(A, vt, DOT)
-    return out
+    return mm(A, vt, DOT)
 
 
 @triton.jit
@@ -156,11 +168,12 @@ def _diag(q_base, k_base, v_base, b_base, rows, mi, vc, mv, K, V, H, DB: tl.cons
 
 
 @triton.jit
-def _output_kernel(q, k, v, b, c, border, h0, o, cu, chunk_seq, chunk_start, T, H, K, V, NC, sb_b, sc_b, scale,
+def _output_kernel(q, k, v, b, c, border, h0, o, dg_a, dg_out, cu, chunk_seq, chunk_start, T, H, K, V, NC, sb_b, sc_b,
+                   s_sk, s_sv, scale_inter, scale_intra, dg_coef, dg_slab,
                    DB: tl.constexpr, C: tl.constexpr, NRB: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
                    BV: tl.constexpr, HAS_B: tl.constexpr, HAS_C: tl.constexpr, VEC: tl.constexpr,
                    HAS_H0: tl.constexpr, REVERSE: tl.constexpr, VARLEN: tl.constexpr, DOT: tl.constexpr,
-                   LOG_BT: tl.constexpr):
+                   LOG_BT: tl.constexpr, DG: tl.constexpr, DG_ACC: tl.constexpr, BKF: tl.constexpr):
     i_r, i_v, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)  # row blocks on axis 0 (up to 2^31)
     i_b, i_h = i_bh // H, i_bh % H
     i_c = i_r // NRB
@@ -209,7 +222,7 @@ def _output_kernel(q, k, v, b, c, border, h0, o, cu, chunk_seq, chunk_start, T, 
                     qt = qt * tl.exp(tl.load(b_base + ri[:, None] * DB + kc[None, :], mask=mik, other=0.0))
                 else:
                     qt = qt * tl.exp(tl.load(b_base + ri * DB, mask=mi, other=0.0))[:, None]
-            kv_off = kc[:, None] * V + vc[None, :]
+            kv_off = kc[:, None] * s_sk + vc[None, :] * s_sv  # (1, K) reads a state stored transposed
             mkv = mk[:, None] & mv[None, :]
             if REVERSE:
                 st = tl.load(s_ptr + kv_off, mask=mkv, other=0.0).to(tl.float32)
@@ -220,26 +233,81 @@ def _output_kernel(q, k, v, b, c, border, h0, o, cu, chunk_seq, chunk_start, T, 
             acc += mm(qt, st, DOT)
         if HAS_C:
             ci = tl.load(c_base + ri[:, None] * V + vc[None, :], mask=mi[:, None] & mv[None, :], other=0.0)
-            acc = acc * tl.exp(ci)
+            acc = acc * (tl.exp(ci) * scale_inter)
+        else:
+            acc = acc * scale_inter
         # intra-chunk part: the rows' own block, then the key blocks before them (after them in reverse)
         if VEC:
             acc += _diag_vec(q_base, k_base, v_base, b_base, c_base, rows, mi, ce, vc, mv, K, V, H, DB, BT, BK, BV,
-                             LOG_BT, HAS_B, HAS_C, REVERSE, DOT)
+                             LOG_BT, HAS_B, HAS_C, REVERSE, DOT) * scale_intra
         else:
-            acc += _diag(q_base, k_base, v_base, b_base, rows, mi, vc, mv, K, V, H, DB, BT, BK, HAS_B, REVERSE, DOT)
+            acc += _diag(q_base, k_base, v_base, b_base, rows, mi, vc, mv, K, V, H, DB, BT, BK, HAS_B, REVERSE,
+                         DOT) * scale_intra
         if REVERSE:
             lo, hi = rs + BT, ce
         else:
             lo, hi = cs, rs
-        for js in range(lo, hi, BT):
-            acc += _offdiag(q_base, k_base, v_base, b_base, c_base, rows, mi, js, ce, vc, mv, K, V, H, DB, BT, BK,
-                            BV, HAS_B, HAS_C, VEC, REVERSE, DOT)
-        tl.store(o + row0 * V + ri[:, None] * V + vc[None, :], acc * scale, mask=mi[:, None] & mv[None, :])
+        if VEC:
+            # one reference step r between the rows and every earlier (later in reverse) key block: the rows'
+            # first step (last in reverse), so q is decayed to r once for all blocks and c's row side applied once
+            if REVERSE:
+                r = rs + BT - 1
+            else:
+                r = rs
+            r_ok = r < ce
+            rr = r.to(tl.int64) * H
+            kf = tl.arange(0, BKF)
+            mqf = mi[:, None] & (kf < K)[None, :]
+            qs = tl.load(q_base + ri[:, None] * K + kf[None, :], mask=mqf, other=0.0).to(tl.float32)
+            if HAS_B:
+                if DB > 1:
+                    bq = tl.load(b_base + ri[:, None] * DB + kf[None, :], mask=mqf, other=0.0)
+                    br = tl.load(b_base + rr * DB + kf, mask=(kf < K) & r_ok, other=0.0)[None, :]
+                else:
+                    bq = tl.load(b_base + ri * DB, mask=mi, other=0.0)[:, None]
+                    br = tl.load(b_base + rr * DB, mask=r_ok, other=0.0)
+                qs = qs * tl.exp(tl.where(mi[:, None], bq - br, float("-inf")))
+            off = tl.zeros([BT, BV], dtype=tl.float32)
+            for js in range(lo, hi, BT):
+                off += _offdiag_vec(qs, k_base, v_base, b_base, c_base, rr, r_ok, js, ce, vc, mv, K, V, H, DB, BT,
+                                    BKF, BV, HAS_B, HAS_C, DOT)
+            if HAS_C:
+                cr = tl.load(c_base + rr * V + vc, mask=mv & r_ok, other=0.0)
+                ci = tl.load(c_base + ri[:, None] * V + vc[None, :], mask=mi[:, None] & mv[None, :], other=0.0)
+                off = off * tl.exp(tl.where(mi[:, None], ci - cr[None, :], float("-inf")))
+            acc += off * scale_intra
+        else:
+            for js in range(lo, hi, BT):
+                acc += _offdiag(q_base, k_base, v_base, b_base, rows, mi, js, ce, vc, mv, K, V, H, DB, BT, BK, HAS_B,
+                                DOT) * scale_intra
+        mo = mi[:, None] & mv[None, :]
+        o_off = row0 * V + ri[:, None] * V + vc[None, :]
+        tl.store(o + o_off, acc, mask=mo)
+        if DG > 0:
+            # the log-decay gradient's per-step terms, dg_coef · a ⊙ o, from the float32 result (decay_grad.py)
+            prod = tl.load(dg_a + o_off, mask=mo, other=0.0).to(tl.float32) * acc * dg_coef
+            if DG == 1:  # one decay value per step: this V tile's sum, one slab per V tile
+                d_off = i_v.to(tl.int64) * dg_slab + row0 + rows.to(tl.int64) * H
+                part = tl.sum(prod, 1)
+                if DG_ACC:
+                    part += tl.load(dg_out + d_off, mask=mi, other=0.0)
+                tl.store(dg_out + d_off, part, mask=mi)
+            else:  # per feature: [B, T, H, V]
+                if DG_ACC:
+                    prod += tl.load(dg_out + o_off, mask=mo, other=0.0)
+                tl.store(dg_out + o_off, prod, mask=mo)
 
 
-def chunk_output(q, k, v, b, c, border, h0, scale, layout, reverse, dot, out_dtype=torch.float32):
+def chunk_output(q, k, v, b, c, border, h0, scale, layout, reverse, dot, out_dtype=torch.float32, *,
+                 scale_intra=None, state_transposed=False, dg=None):
     """o [B, T, H, V] in out_dtype from q, k [B, T, H, K], v [B, T, H, V] (contiguous), the chunk-local cumulative
-    log decays b [Bg, T, H, K|1], c [Bg, T, H, V] (or None) and the border states of kernel 2."""
+    log decays b [Bg, T, H, K|1], c [Bg, T, H, V] (or None) and the border states of kernel 2.
+
+    The part through the states is multiplied by `scale`, the intra-chunk part by `scale_intra` (default the
+    same). state_transposed: border states and h0 are stored [.., V, K] (another pass's states, read in place).
+    dg = (a, out, coef, per_feature): also the log-decay gradient's per-step terms coef · a ⊙ o (a shaped like o),
+    float32: [B, T, H, V] per feature, else summed over each V tile, [V tiles, B, T, H]; into a new buffer when out
+    is None, else added to out (a buffer of an earlier call with the same V). Returns (o, that buffer) then."""
     B, T, H, K = q.shape
     V = v.shape[-1]
     vec = (b is not None and b.shape[-1] > 1) or c is not None
@@ -249,13 +317,24 @@ def chunk_output(q, k, v, b, c, border, h0, scale, layout, reverse, dot, out_dty
     BT, BK, BV = min(C, BT), block(K, BK), block(V, BV)
     o = alloc((B, T, H, V), q.device, out_dtype)
     dummy = border
+    dg_mode, dg_a, dg_out, dg_coef, dg_acc = 0, dummy, dummy, 0.0, False
+    if dg is not None:
+        dg_a, dg_out, dg_coef, per_feature = dg
+        dg_mode = 2 if per_feature else 1
+        dg_acc = dg_out is not None
+        if dg_out is None:
+            dg_out = alloc(o.shape if per_feature else (triton.cdiv(V, BV), B, T, H), q.device)
+    s_sk, s_sv = (1, K) if state_transposed else (V, 1)
     grid = (layout.n * (C // BT), triton.cdiv(V, BV), B * H)  # axes 1 and 2 stop at 65535
     _output_kernel[grid](q, k, v, b if b is not None else dummy, c if c is not None else dummy, border,
-                         h0 if h0 is not None else dummy, o, layout.cu, layout.chunk_seq, layout.chunk_start,
-                         T, H, K, V, layout.n,
+                         h0 if h0 is not None else dummy, o, dg_a, dg_out, layout.cu, layout.chunk_seq,
+                         layout.chunk_start, T, H, K, V, layout.n,
                          (b.stride(0) if b is not None and b.shape[0] > 1 else 0),
-                         (c.stride(0) if c is not None and c.shape[0] > 1 else 0), float(scale),
+                         (c.stride(0) if c is not None and c.shape[0] > 1 else 0), s_sk, s_sv, float(scale),
+                         float(scale if scale_intra is None else scale_intra), float(dg_coef), B * T * H,
                          DB=b.shape[-1] if b is not None else 1, C=C, NRB=C // BT, BT=BT, BK=BK, BV=BV,
                          HAS_B=b is not None, HAS_C=c is not None, VEC=vec, HAS_H0=h0 is not None,
-                         REVERSE=reverse, VARLEN=layout.varlen, DOT=dot, LOG_BT=BT.bit_length() - 1, num_warps=W)
-    return o
+                         REVERSE=reverse, VARLEN=layout.varlen, DOT=dot, LOG_BT=BT.bit_length() - 1,
+                         DG=dg_mode, DG_ACC=dg_acc, BKF=block(K, 256), num_warps=W)
+    return o if dg is None else (o, dg_out)
+

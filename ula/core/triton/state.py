@@ -11,9 +11,10 @@ from .utils import alloc, block, mm, operand, tuned
 
 
 @triton.jit
-def _rows_into_state(S, r0, ce, k_base, v_base, b_base, c_base, b_end, c_end, kc, vc, mk, mv, K, V, H,
+def _rows_into_state(S, r0, ce, k_base, v_base, b_base, c_base, b_end, c_end, kc, vc, mk, mv, K, V, H, scale,
                      DB: tl.constexpr, BT: tl.constexpr, HAS_B: tl.constexpr, HAS_C: tl.constexpr, DOT: tl.constexpr):
-    """S + (k decayed to the chunk's end)ᵀ (v decayed to the chunk's end) over rows r0 .. r0 + BT (before ce)."""
+    """S + scale (k decayed to the chunk's end)ᵀ (v decayed to the chunk's end) over rows r0 .. r0 + BT (before
+    ce)."""
     rows = r0 + tl.arange(0, BT)
     mr = rows < ce
     r64 = rows.to(tl.int64) * H
@@ -29,14 +30,36 @@ def _rows_into_state(S, r0, ce, k_base, v_base, b_base, c_base, b_end, c_end, kc
     if HAS_C:
         ct = tl.load(c_base + r64[:, None] * V + vc[None, :], mask=mr[:, None] & mv[None, :], other=0.0)
         vt = vt * tl.exp(tl.where(mr[:, None], c_end[None, :] - ct, float("-inf")))
-    return S + mm(tl.trans(kt), vt, DOT)
+    return S + mm(tl.trans(kt), vt, DOT) * scale
 
 
 @triton.jit
-def _state_kernel(k, v, b, c, h0, border, final, cu, chunk_offset, T, H, K, V, NC, sb_b, sc_b,
+def _border_products(S, partner, X, b_base, bord_off, x_off, cs, ce, eos, kv_off, kc, mk, mkv, H,
+                     DB: tl.constexpr, REVERSE: tl.constexpr):
+    """Row sums over this V tile of S ⊙ partner at one chunk border, times the decay of the step after the chunk:
+    the border term X of the log-decay gradient (ula/core/decay_grad.py). That step's log decay is in the
+    cumulative sum already: the first row of the next chunk going forward, the chunk's last row in reverse
+    (0 at a sequence's end)."""
+    p = tl.load(partner + bord_off + kv_off, mask=mkv, other=0.0).to(tl.float32)
+    x = tl.sum(S * p, 1)
+    if REVERSE:
+        row = ce - 1
+        ok = ce > cs
+    else:
+        row = ce
+        ok = ce < eos
+    if DB > 1:
+        lam = tl.load(b_base + row.to(tl.int64) * H * DB + kc, mask=mk & ok, other=0.0)
+    else:
+        lam = tl.load(b_base + row.to(tl.int64) * H * DB, mask=ok, other=0.0)
+    tl.store(X + x_off + kc, x * tl.exp(lam), mask=mk)
+
+
+@triton.jit
+def _state_kernel(k, v, b, c, h0, border, final, partner, X, cu, chunk_offset, T, H, K, V, NC, NVT, sb_b, sc_b, scale,
                   DB: tl.constexpr, C: tl.constexpr, NB: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
                   HAS_B: tl.constexpr, HAS_C: tl.constexpr, HAS_H0: tl.constexpr, REVERSE: tl.constexpr,
-                  VARLEN: tl.constexpr, DOT: tl.constexpr):
+                  VARLEN: tl.constexpr, DOT: tl.constexpr, HAS_X: tl.constexpr):
     i_nh, i_k, i_v = tl.program_id(0), tl.program_id(1), tl.program_id(2)  # sequences x heads on axis 0
     i_n, i_h = i_nh // H, i_nh % H
     if VARLEN:
@@ -60,7 +83,8 @@ def _state_kernel(k, v, b, c, h0, border, final, cu, chunk_offset, T, H, K, V, N
     b_base = b + i_b.to(tl.int64) * sb_b + i_h * DB
     c_base = c + i_b.to(tl.int64) * sc_b + i_h * V
     kv_off = kc[:, None] * V + vc[None, :]
-    bord_base = border + ((i_b.to(tl.int64) * H + i_h) * NC + c0) * K * V
+    chunk0 = (i_b.to(tl.int64) * H + i_h) * NC + c0  # this sequence's first chunk among all [B, H, n]
+    bord_base = border + chunk0 * K * V
     S = tl.zeros([BK, BV], dtype=tl.float32)
     if HAS_H0:
         S += tl.load(h0 + (i_n.to(tl.int64) * H + i_h) * K * V + kv_off, mask=mkv, other=0.0).to(tl.float32)
@@ -73,6 +97,9 @@ def _state_kernel(k, v, b, c, h0, border, final, cu, chunk_offset, T, H, K, V, N
         ce = tl.minimum(cs + C, eos)
         if REVERSE:
             tl.store(bord_base + idx.to(tl.int64) * K * V + kv_off, S, mask=mkv)
+            if HAS_X:
+                _border_products(S, partner, X, b_base, (chunk0 + idx) * K * V, ((chunk0 + idx) * NVT + i_v) * K,
+                                 cs, ce, eos, kv_off, kc, mk, mkv, H, DB, REVERSE)
             e_row = cs
         else:
             e_row = ce - 1
@@ -94,21 +121,25 @@ def _state_kernel(k, v, b, c, h0, border, final, cu, chunk_offset, T, H, K, V, N
         if NB <= 2:
             for sb in tl.static_range(NB):
                 S = _rows_into_state(S, cs + sb * BT, ce, k_base, v_base, b_base, c_base, b_end, c_end, kc, vc, mk, mv,
-                                     K, V, H, DB, BT, HAS_B, HAS_C, DOT)
+                                     K, V, H, scale, DB, BT, HAS_B, HAS_C, DOT)
         else:
             for sb in range(NB):
                 S = _rows_into_state(S, cs + sb * BT, ce, k_base, v_base, b_base, c_base, b_end, c_end, kc, vc, mk, mv,
-                                     K, V, H, DB, BT, HAS_B, HAS_C, DOT)
+                                     K, V, H, scale, DB, BT, HAS_B, HAS_C, DOT)
         if not REVERSE:
             tl.store(bord_base + idx.to(tl.int64) * K * V + kv_off, S, mask=mkv)
+            if HAS_X:
+                _border_products(S, partner, X, b_base, (chunk0 + idx) * K * V, ((chunk0 + idx) * NVT + i_v) * K,
+                                 cs, ce, eos, kv_off, kc, mk, mkv, H, DB, REVERSE)
     tl.store(final + (i_n.to(tl.int64) * H + i_h) * K * V + kv_off, S, mask=mkv)
 
 
-def chunk_states(k, v, b, c, h0, layout, reverse, dot, state_dtype=torch.float32):
+def chunk_states(k, v, b, c, h0, layout, reverse, dot, state_dtype=torch.float32, scale=1.0, partner=None):
     """k [B, T, H, K], v [B, T, H, V] contiguous; b [Bg, T, H, K|1], c [Bg, T, H, V] chunk-local cumulative
-    log decays (or None); h0 [N, H, K, V] float32 contiguous or None. Returns the border states
-    [B, H, n, K, V] in state_dtype and the final state [N, H, K, V] float32 (before the extra decay of a
-    reverse pass)."""
+    log decays (or None); h0 [N, H, K, V] float32 contiguous or None; every k_tᵀ v_t enters times `scale`.
+    Returns the border states [B, H, n, K, V] in state_dtype, the final state [N, H, K, V] float32 (before the
+    extra decay of a reverse pass) and, with a partner (the border states of the opposite direction, same
+    shape), the log-decay gradient's border terms [B, H, n, V tiles, K] float32 (else None)."""
     B, T, H, K = k.shape
     V = v.shape[-1]
     N = layout.N
@@ -116,14 +147,18 @@ def chunk_states(k, v, b, c, h0, layout, reverse, dot, state_dtype=torch.float32
     final = alloc((N, H, K, V), k.device)
     BT, BK, BV, W = tuned("state", (128, 64, 64, 4))
     BT, BK, BV = min(layout.C, BT), block(K, BK), block(V, BV)
+    NVT = triton.cdiv(V, BV)
+    X = alloc((B, H, layout.n, NVT, K), k.device) if partner is not None else None
     DB = b.shape[-1] if b is not None else 1
     dummy = border
-    grid = (N * H, triton.cdiv(K, BK), triton.cdiv(V, BV))  # axes 1 and 2 stop at 65535
+    grid = (N * H, triton.cdiv(K, BK), NVT)  # axes 1 and 2 stop at 65535
     _state_kernel[grid](k, v, b if b is not None else dummy, c if c is not None else dummy,
-                        h0 if h0 is not None else dummy, border, final, layout.cu, layout.chunk_offset,
-                        T, H, K, V, layout.n,
+                        h0 if h0 is not None else dummy, border, final,
+                        partner if partner is not None else dummy, X if X is not None else dummy,
+                        layout.cu, layout.chunk_offset, T, H, K, V, layout.n, NVT,
                         (b.stride(0) if b is not None and b.shape[0] > 1 else 0),
-                        (c.stride(0) if c is not None and c.shape[0] > 1 else 0),
+                        (c.stride(0) if c is not None and c.shape[0] > 1 else 0), float(scale),
                         DB=DB, C=layout.C, NB=layout.C // BT, BT=BT, BK=BK, BV=BV, HAS_B=b is not None, HAS_C=c is not None,
-                        HAS_H0=h0 is not None, REVERSE=reverse, VARLEN=layout.varlen, DOT=dot, num_warps=W)
-    return border, final
+                        HAS_H0=h0 is not None, REVERSE=reverse, VARLEN=layout.varlen, DOT=dot, HAS_X=X is not None,
+                        num_warps=W)
+    return border, final, X

@@ -1,0 +1,88 @@
+"""The backward of DESIGN §2 on the Triton kernels, with the work the three passes share done once.
+
+    dQ = F(dO, V, K, R, L, rev)    dK = F(V, dO, Q, R, L, not rev)    dV = F(K, Q, dO, L, R, not rev)
+
+The dK and dV passes carry the same states (Σ qᵀ dO, transposed), and the dQ pass carries the forward's states
+(Σ kᵀ v, transposed): so one state kernel per direction, and the output kernel reads them transposed in place.
+Two cumulative sums (one per direction) serve all five kernels. dO enters unscaled: the state kernel and the
+output kernel's intra-chunk part take `scale`. The log-decay gradient's terms are formed by the output kernels
+of dq and dk (from their float32 results) and at the chunk borders by the second state kernel (from the two
+states that meet there), so neither dq nor dk is kept in float32 and no border product is materialized.
+
+For a left decay only (any kind); a right decay takes the generic path of ula/core/autograd.py."""
+import torch
+
+from ..autograd import LOG_DECAY_FLOOR, canonical_left, half_states
+from .chunk import _final_decay, make_layout
+from .cumsum import chunk_cumsum
+from .decay_grad import decay_grad_from_terms
+from .output import chunk_output
+from .state import chunk_states
+from .utils import DOT_F32, dot_code
+
+
+def _bounds(layout, C):
+    """(starts, ends) of every chunk for varlen layouts; None when chunks are [i C, (i + 1) C) of each row."""
+    if not layout.varlen:
+        return None
+    ends = torch.minimum(layout.chunk_start + C, layout.cu[1:][layout.chunk_seq.long()])
+    return layout.chunk_start, ends.to(torch.int32).contiguous()
+
+
+def fused_backward(q, k, v, ld, h0, do, dS, scale, cu_seqlens, rev, C, need_ld):
+    """(dq, dk, dv, dld, dh0) of o = F(q, k, v, ld, None, rev) for the gradient do of o and dS of the final
+    state (None: zero); ld as the caller gave it ([H], [B, T, H], [B, T, H, K] or None), not floored."""
+    B, T, H, K = q.shape
+    q, k, v, do = q.contiguous(), k.contiguous(), v.contiguous(), do.contiguous()
+    layout = make_layout(B, T, C, cu_seqlens, q.device)
+    gl = canonical_left(ld, T)
+    vec = gl is not None and gl.shape[-1] > 1
+    b_fwd = chunk_cumsum(gl, layout, rev) if gl is not None else None       # the forward's direction
+    b_bwd = chunk_cumsum(gl, layout, not rev) if gl is not None else None   # the state gradients' direction
+    # a constant decay's gradient is one sum over all B*T steps of q dq - k dk, terms that cancel: float32
+    # matmuls for everything it reads (bfloat16 operands lose ~1e-2 there, seen on an H100)
+    wide = need_ld and ld.dim() == 1
+    dot = dot_code(q, k, v, do)
+    dot_w = DOT_F32 if wide else dot
+    f32 = torch.float32
+    # border states in bfloat16 where only matmuls read them; float32 where the decay gradient does
+    half = half_states(q) or f32
+    h0f = h0.to(f32).contiguous() if h0 is not None else None
+    dSf = dS.to(f32).contiguous() if dS is not None else None
+
+    # the state gradients (the dK and dV passes' states, one kernel): Σ qᵀ (scale dO), entering with dS
+    g_border, dh0, _ = chunk_states(q, do, b_bwd, None, dSf, layout, not rev, dot_w,
+                                    f32 if need_ld else half, scale=scale)
+    # the forward's states (the dQ pass's), and the decay gradient's border terms against the state gradients
+    f_border, _, X = chunk_states(k, v, b_fwd, None, h0f, layout, rev, dot_w, f32 if wide else half,
+                                  partner=g_border if need_ld else None)
+    # a right decay in the dQ and dK passes; one value per step commutes and is carried on the left
+    left_q, right_q = (None, b_fwd) if vec else (b_fwd, None)
+    left_k, right_k = (None, b_bwd) if vec else (b_bwd, None)
+    # forward-direction passes read their initial state through the output kernel (transposed like the states)
+    dq_out = chunk_output(do, v, k, left_q, right_q, f_border, h0f if not rev else None, scale, layout, rev, dot_w,
+                          q.dtype, state_transposed=True, dg=(q, None, 1.0, vec) if need_ld else None)
+    dq, db = dq_out if need_ld else (dq_out, None)
+    del f_border
+    dk_out = chunk_output(v, do, q, left_k, right_k, g_border, dSf if rev else None, 1.0, layout, not rev, dot_w,
+                          k.dtype, scale_intra=scale, state_transposed=True,
+                          dg=(k, db, -1.0, vec) if need_ld else None)
+    dk = dk_out[0] if need_ld else dk_out
+    dv = chunk_output(k, q, do, b_bwd, None, g_border, dSf if rev else None, 1.0, layout, not rev, dot, v.dtype,
+                      scale_intra=scale)
+    del g_border
+    if h0 is not None:
+        if not rev and gl is not None:  # the state gradients ran in reverse and leave through the first step
+            dh0 = _final_decay(dh0, gl.clamp_min(LOG_DECAY_FLOOR), None, cu_seqlens)
+        dh0 = dh0.to(h0.dtype)
+    else:
+        dh0 = None
+    dld = None
+    if need_ld:
+        db = db.unsqueeze(0) if vec else db.unsqueeze(-1)  # [B, T, H, K] per feature, else [V tiles, B, T, H]
+        dld = decay_grad_from_terms(db, X, -1.0 if rev else 1.0, ld.shape, T, C, layout.n,
+                                    bounds=_bounds(layout, C), g_mask=gl, floor=LOG_DECAY_FLOOR)
+        if ld.dim() == 1:
+            dld = dld * (ld > LOG_DECAY_FLOOR)
+        dld = dld.to(ld.dtype)
+    return dq, dk, dv, dld, dh0
