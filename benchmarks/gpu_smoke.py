@@ -36,4 +36,18 @@ for kind in KINDS:
             ok = all(e < 2e-2 for e in errs)
             bad += not ok
             print(kind, right, reverse, "ok" if ok else "BAD", " ".join(f"{e:.1e}" for e in errs), flush=True)
+for kind in ("scalar", "vector"):  # the key gate, applied inside the kernels
+    for reverse in (False, True):
+        torch.manual_seed(0)
+        inputs = [None if x is None else x.cuda() for x in make_inputs(kind, False, 2, 300, 3, 64, 48)]
+        inputs[:3] = [x.bfloat16().float() for x in inputs[:3]]
+        u = (torch.randn(2, 300, 3, device="cuda") - 1).requires_grad_()
+        ref = run(inputs, "torch", torch.float64, reverse=reverse, key_gate=u.double())
+        g_ref = u.grad.clone()
+        u.grad = None
+        got = run(inputs, "triton", torch.bfloat16, reverse=reverse, key_gate=u)
+        errs = [((a.double() - b).norm() / b.norm()).item() for a, b in zip(got + [u.grad], ref + [g_ref])]
+        ok = all(e < 2e-2 for e in errs)
+        bad += not ok
+        print(kind, "key_gate", reverse, "ok" if ok else "BAD", " ".join(f"{e:.1e}" for e in errs), flush=True)
 print("smoke:", "all ok" if not bad else f"{bad} BAD")

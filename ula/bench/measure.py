@@ -70,8 +70,8 @@ def measure_on(device, fn, args, reps=5):
 
 
 def ours(kind, B, T, H, K, V, C=None, device="cuda", dtype=torch.bfloat16):
-    """(fn, args) of ula.linear_attention for a decay kind: none, constant, scalar (mLSTMsig: input gate
-    folded into k, forget gate as the scalar log decay) or vector (GLA)."""
+    """(fn, args) of ula.linear_attention for a decay kind: none, constant, scalar (mLSTMsig: input gate σ(ĩ) on
+    k as the key gate, forget gate as the scalar log decay) or vector (GLA)."""
     dev, dt = device, dtype
     r = lambda *s, sc=1.0: (torch.randn(*s, device=dev, dtype=dt) * sc).requires_grad_()  # noqa: E731
     q, k, v = r(B, T, H, K, sc=K ** -0.5), r(B, T, H, K, sc=K ** -0.5), r(B, T, H, V)
@@ -83,8 +83,8 @@ def ours(kind, B, T, H, K, V, C=None, device="cuda", dtype=torch.bfloat16):
     if kind == "scalar":
         i = (torch.randn(B, T, H, device=dev, dtype=dt) - 2).requires_grad_()
         f = (torch.randn(B, T, H, device=dev, dtype=dt) + 4).requires_grad_()
-        return (lambda q, k, v, i, f: ula.linear_attention(q, k * torch.sigmoid(i).unsqueeze(-1), v,
-                                                           F.logsigmoid(f.float()), chunk_size=C)[0]), [q, k, v, i, f]
+        return (lambda q, k, v, i, f: ula.linear_attention(q, k, v, F.logsigmoid(f.float()), chunk_size=C,
+                                                           key_gate=F.logsigmoid(i.float()))[0]), [q, k, v, i, f]
     if kind == "vector":
         g = F.logsigmoid(torch.randn(B, T, H, K, device=dev, dtype=torch.float32) + 4).requires_grad_()
         return (lambda q, k, v, g: ula.linear_attention(q, k, v, g, chunk_size=C)[0]), [q, k, v, g]

@@ -1,6 +1,7 @@
 """The public entry point `linear_attention`: checks, backend choice, autograd."""
 import torch
 
+from .autograd import gated_keys
 from .backends import chunk_fn
 from .checks import check_linear_attention
 from .op import run
@@ -8,7 +9,7 @@ from .reference import reference_linear_attention
 
 
 def linear_attention(q, k, v, ld=None, rd=None, *, scale=None, initial_state=None, output_final_state=False,
-                     cu_seqlens=None, chunk_size=None, backend="auto", reverse=False, cp_group=None):
+                     cu_seqlens=None, chunk_size=None, backend="auto", reverse=False, cp_group=None, key_gate=None):
     """Decayed linear attention, the recurrence of DESIGN §1:
 
         S_t = diag(exp ld_t) S_{t-1} diag(exp rd_t) + k_t v_tᵀ,    o_t = scale · S_tᵀ q_t
@@ -21,13 +22,19 @@ def linear_attention(q, k, v, ld=None, rd=None, *, scale=None, initial_state=Non
     Returns (o with the dtype of v, final state float32 or None). Differentiable in q, k, v, ld, rd and
     initial_state. backend: "auto" (Triton on CUDA, PyTorch elsewhere), "torch", "triton", "reference".
     cp_group: a torch.distributed ProcessGroup for context parallelism: each rank passes its contiguous slice
-    of T, cu_seqlens stays global; see ula/core/context_parallel.py."""
+    of T, cu_seqlens stays global; see ula/core/context_parallel.py.
+    key_gate: None or a log gate [B, T, H] (float32): k_t enters as exp(key_gate_t) k_t, e.g. mLSTM's input gate
+    (log σ(ĩ)). Same as passing that k, but the Triton kernels apply it as they read k (no gated copy of k, and
+    its gradient comes out of the backward's kernels); differentiable."""
+    if key_gate is not None and (cp_group is not None or backend == "reference"):
+        check_linear_attention(q, k, v, ld, rd, scale, initial_state, cu_seqlens, chunk_size, backend, key_gate)
+        k, key_gate = gated_keys(k, key_gate), None
     if cp_group is not None:
         from .context_parallel import cp_linear_attention
         return cp_linear_attention(q, k, v, ld, rd, cp_group=cp_group, scale=scale, initial_state=initial_state,
                                    output_final_state=output_final_state, cu_seqlens=cu_seqlens,
                                    chunk_size=chunk_size, backend=backend, reverse=reverse)
-    check_linear_attention(q, k, v, ld, rd, scale, initial_state, cu_seqlens, chunk_size, backend)
+    check_linear_attention(q, k, v, ld, rd, scale, initial_state, cu_seqlens, chunk_size, backend, key_gate)
     scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
     if backend == "reference":
         o, S = reference_linear_attention(q, k, v, ld, rd, scale=scale, initial_state=initial_state,
@@ -37,5 +44,5 @@ def linear_attention(q, k, v, ld=None, rd=None, *, scale=None, initial_state=Non
     if chunk_size is None:
         pick = getattr(chunk_fn(backend, q.device), "pick_chunk", None)
         chunk_size = pick(ld, rd) if pick is not None else 64
-    o, S, _ = run(q, k, v, ld, rd, initial_state, cu_seqlens, scale, reverse, chunk_size, backend)
+    o, S, _ = run(q, k, v, ld, rd, initial_state, cu_seqlens, scale, reverse, chunk_size, backend, key_gate)
     return o, (S if output_final_state else None)

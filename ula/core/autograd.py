@@ -45,24 +45,53 @@ def _floored(F, q, g):
     return g if (getattr(F, "floors_log_decay", False) and q.dtype != torch.float64) else floor_decay(g)
 
 
-def forward_pass(F, q, k, v, ld, rd, h0, scale, cu_seqlens, reverse, chunk_size):
-    """O = F(Q, K, V, L, R, rev). Returns o (in the dtype of v; in the compute dtype with a right decay, whose
-    gradient needs it) and the final state (compute dtype)."""
+def native_key_gate(F, q, rd):
+    """Whether F's kernels apply a log key gate themselves (else k is multiplied by exp(gate) first)."""
+    return getattr(F, "fused_backward", None) is not None and rd is None and q.dtype != torch.float64
+
+
+def gated_keys(k, key_gate):
+    """exp(key_gate) k in the dtype of k (the key gate folded into k: the path of backends without it)."""
+    wide = torch.promote_types(k.dtype, torch.float32)
+    return (k.to(wide) * key_gate.to(wide).exp().unsqueeze(-1)).to(k.dtype)
+
+
+def forward_pass(F, q, k, v, ld, rd, h0, scale, cu_seqlens, reverse, chunk_size, key_gate=None):
+    """O = F(Q, K, V, L, R, rev), with k_t entering as exp(key_gate_t) k_t. Returns o (in the dtype of v; in the
+    compute dtype with a right decay, whose gradient needs it) and the final state (compute dtype)."""
+    kw = {}
+    if key_gate is not None:
+        if native_key_gate(F, q, rd):
+            kw["key_gate"] = key_gate
+        else:
+            k = gated_keys(k, key_gate)
     o, S, _ = F(q, k, v, canonical_left(_floored(F, q, ld), q.shape[1]), _floored(F, q, rd), scale=scale, initial_state=h0,
                 cu_seqlens=cu_seqlens, reverse=reverse, chunk_size=chunk_size,
-                out_dtype=None if rd is not None else v.dtype, state_dtype=half_states(q))
+                out_dtype=None if rd is not None else v.dtype, state_dtype=half_states(q), **kw)
     return o, S
 
 
-def backward_pass(F, q, k, v, ld, rd, h0, o, do, dS, scale, cu, rev, C, need_ld, need_rd):
+def backward_pass(F, q, k, v, ld, rd, h0, o, do, dS, scale, cu, rev, C, need_ld, need_rd, key_gate=None):
     """dQ, dK, dV by the same F with roles swapped, d initial state from the dV pass, decay gradients in
     closed form. o (the forward output in the compute dtype) is needed only for a right decay; dS may be
-    None. Returns (dq, dk, dv, dld, drd, dh0) in the dtypes of their inputs (None where not needed).
+    None. Returns (dq, dk, dv, dld, drd, dh0, d key_gate) in the dtypes of their inputs (None where not needed).
     A backend may do it all in one function of its own (F.fused_backward, same math) where no right decay is."""
-    fused = getattr(F, "fused_backward", None)
-    if fused is not None and rd is None and q.dtype != torch.float64:
-        dq, dk, dv, dld, dh0 = fused(q, k, v, ld, h0, do, dS, scale, cu, rev, C, need_ld)
-        return dq, dk, dv, dld, None, dh0
+    if native_key_gate(F, q, rd):
+        dq, dk, dv, dld, dh0, du = F.fused_backward(q, k, v, ld, h0, do, dS, scale, cu, rev, C, need_ld, key_gate)
+        return dq, dk, dv, dld, None, dh0, du
+    if key_gate is None:
+        return _backward_unfused(F, q, k, v, ld, rd, h0, o, do, dS, scale, cu, rev, C, need_ld, need_rd) + (None,)
+    # the gate folded into k: k' = e^u k, dk = e^u dk', du = Σ_features k' ⊙ dk'
+    kg = gated_keys(k, key_gate)
+    dq, dkg, dv, dld, drd, dh0 = _backward_unfused(F, q, kg, v, ld, rd, h0, o, do, dS, scale, cu, rev, C, need_ld,
+                                                   need_rd)
+    wide = torch.promote_types(k.dtype, torch.float32)
+    du = (kg.to(wide) * dkg.to(wide)).sum(-1).to(key_gate.dtype)
+    dk = (dkg.to(wide) * key_gate.to(wide).exp().unsqueeze(-1)).to(k.dtype)
+    return dq, dk, dv, dld, drd, dh0, du
+
+
+def _backward_unfused(F, q, k, v, ld, rd, h0, o, do, dS, scale, cu, rev, C, need_ld, need_rd):
     T = q.shape[1]
     ld_in, rd_in = ld, rd
     ld, rd = floor_decay(ld), floor_decay(rd)

@@ -22,11 +22,11 @@ def _state_dtype(q):
     return torch.float64 if q.dtype == torch.float64 else torch.float32
 
 
-def _forward(q, k, v, ld, rd, h0, cu_seqlens, scale, reverse, chunk_size, backend):
+def _forward(q, k, v, ld, rd, h0, cu_seqlens, scale, reverse, chunk_size, backend, kg=None):
     """Returns (o in the dtype of v, final state float32/float64, o in the compute dtype if rd is given
     (the right-decay gradient needs it) else an empty tensor)."""
     F = chunk_fn(backend, q.device)
-    o, S = forward_pass(F, q, k, v, ld, rd, h0, scale, cu_seqlens, reverse, chunk_size)
+    o, S = forward_pass(F, q, k, v, ld, rd, h0, scale, cu_seqlens, reverse, chunk_size, kg)
     # outputs contiguous (as the fake implementation says) and not aliasing each other
     out = o.to(v.dtype).contiguous()
     o_keep = (o.clone() if out.data_ptr() == o.data_ptr() else o.contiguous()) if rd is not None else o.new_empty(_EMPTY)
@@ -34,22 +34,22 @@ def _forward(q, k, v, ld, rd, h0, cu_seqlens, scale, reverse, chunk_size, backen
 
 
 def _backward_impl(q, k, v, ld, rd, h0, o, do, dS, cu_seqlens, scale, reverse, chunk_size, backend, need_ld,
-                   need_rd):
+                   need_rd, kg=None):
     F = chunk_fn(backend, q.device)
     grads = backward_pass(F, q, k, v, ld, rd, h0, o if o.numel() else None, do, dS, scale, cu_seqlens, reverse,
-                          chunk_size, need_ld, need_rd)
+                          chunk_size, need_ld, need_rd, kg)
     return [g.contiguous() if g is not None else q.new_empty(_EMPTY) for g in grads]
 
 
 @torch.library.custom_op("ula::linear_attention_fwd", mutates_args=())
 def linear_attention_fwd(q: Tensor, k: Tensor, v: Tensor, ld: Optional[Tensor], rd: Optional[Tensor],
                          h0: Optional[Tensor], cu_seqlens: Optional[Tensor], scale: float, reverse: bool,
-                         chunk_size: int, backend: str) -> Tuple[Tensor, Tensor, Tensor]:
-    return _forward(q, k, v, ld, rd, h0, cu_seqlens, scale, reverse, chunk_size, backend)
+                         chunk_size: int, backend: str, kg: Optional[Tensor]) -> Tuple[Tensor, Tensor, Tensor]:
+    return _forward(q, k, v, ld, rd, h0, cu_seqlens, scale, reverse, chunk_size, backend, kg)
 
 
 @linear_attention_fwd.register_fake
-def _(q, k, v, ld, rd, h0, cu_seqlens, scale, reverse, chunk_size, backend):
+def _(q, k, v, ld, rd, h0, cu_seqlens, scale, reverse, chunk_size, backend, kg):
     B, T, H, K = q.shape
     V = v.shape[-1]
     N = B if cu_seqlens is None else cu_seqlens.shape[0] - 1
@@ -62,33 +62,35 @@ def _(q, k, v, ld, rd, h0, cu_seqlens, scale, reverse, chunk_size, backend):
 def linear_attention_bwd(q: Tensor, k: Tensor, v: Tensor, ld: Optional[Tensor], rd: Optional[Tensor],
                          h0: Optional[Tensor], o: Tensor, do: Tensor, dS: Optional[Tensor],
                          cu_seqlens: Optional[Tensor], scale: float, reverse: bool, chunk_size: int, backend: str,
-                         need_ld: bool, need_rd: bool) -> List[Tensor]:
+                         need_ld: bool, need_rd: bool, kg: Optional[Tensor]) -> List[Tensor]:
     return _backward_impl(q, k, v, ld, rd, h0, o, do, dS, cu_seqlens, scale, reverse, chunk_size, backend, need_ld,
-                          need_rd)
+                          need_rd, kg)
 
 
 @linear_attention_bwd.register_fake
-def _(q, k, v, ld, rd, h0, o, do, dS, cu_seqlens, scale, reverse, chunk_size, backend, need_ld, need_rd):
+def _(q, k, v, ld, rd, h0, o, do, dS, cu_seqlens, scale, reverse, chunk_size, backend, need_ld, need_rd, kg):
     like = lambda x, need=True: x.new_empty(x.shape) if (x is not None and need) else q.new_empty(_EMPTY)  # noqa: E731
-    return [like(q), like(k), like(v), like(ld, need_ld), like(rd, need_rd), like(h0)]
+    return [like(q), like(k), like(v), like(ld, need_ld), like(rd, need_rd), like(h0), like(kg)]
 
 
 def _setup_context(ctx, inputs, output):
-    q, k, v, ld, rd, h0, cu_seqlens, scale, reverse, chunk_size, backend = inputs
-    ctx.save_for_backward(q, k, v, ld, rd, h0, output[2], cu_seqlens)
+    q, k, v, ld, rd, h0, cu_seqlens, scale, reverse, chunk_size, backend, kg = inputs
+    ctx.save_for_backward(q, k, v, ld, rd, h0, output[2], cu_seqlens, kg)
     ctx.cfg = (scale, reverse, chunk_size, backend)
 
 
 def _grads(ctx, do, dS, bwd):
-    q, k, v, ld, rd, h0, o, cu = ctx.saved_tensors
+    q, k, v, ld, rd, h0, o, cu, kg = ctx.saved_tensors
     scale, reverse, chunk_size, backend = ctx.cfg
     need_ld = ld is not None and ctx.needs_input_grad[3]
     need_rd = rd is not None and ctx.needs_input_grad[4]
-    g = bwd(q, k, v, ld, rd, h0, o, do.contiguous(), dS, cu, scale, reverse, chunk_size, backend, need_ld, need_rd)
+    g = bwd(q, k, v, ld, rd, h0, o, do.contiguous(), dS, cu, scale, reverse, chunk_size, backend, need_ld, need_rd,
+            kg)
     dld = g[3] if need_ld else None
     drd = g[4] if need_rd else None
     dh0 = g[5] if h0 is not None else None
-    return g[0], g[1], g[2], dld, drd, dh0, None, None, None, None, None
+    dkg = g[6] if kg is not None else None
+    return g[0], g[1], g[2], dld, drd, dh0, None, None, None, None, None, dkg
 
 
 def _backward(ctx, do, dS, _do_keep):
@@ -111,8 +113,8 @@ class _Eager(torch.autograd.Function):
         return _grads(ctx, do, dS, _backward_impl)
 
 
-def run(q, k, v, ld, rd, h0, cu_seqlens, scale, reverse, chunk_size, backend):
+def run(q, k, v, ld, rd, h0, cu_seqlens, scale, reverse, chunk_size, backend, kg=None):
     """(o, final state, o kept for a right decay's gradient): the custom op while compiling, else the eager
     autograd.Function (same functions inside)."""
     op = linear_attention_fwd if torch.compiler.is_compiling() else _Eager.apply
-    return op(q, k, v, ld, rd, h0, cu_seqlens, scale, reverse, chunk_size, backend)
+    return op(q, k, v, ld, rd, h0, cu_seqlens, scale, reverse, chunk_size, backend, kg)

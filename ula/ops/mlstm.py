@@ -139,9 +139,9 @@ def mlstm(q, k, v, i, f, variant="exp", *, eps=1e-6, scale=None, initial_state=N
     _check_inputs(q, k, v, i, f, variant, initial_state, cu_seqlens, chunk_size, backend, scale, cp_group is not None)
     ddt = decay_dtype(q)
     if variant == "sig":
-        ks = k * torch.sigmoid(i.to(ddt)).unsqueeze(-1).to(k.dtype)
-        return linear_attention(q, ks, v, F.logsigmoid(f.to(ddt)), initial_state=initial_state, cp_group=cp_group,
-                                **kw)
+        # the input gate σ(ĩ) as a key gate: the kernels scale k as they read it (no gated copy of k)
+        return linear_attention(q, k, v, F.logsigmoid(f.to(ddt)), initial_state=initial_state, cp_group=cp_group,
+                                key_gate=F.logsigmoid(i.to(ddt)), **kw)
     m0 = None if initial_state is None else initial_state[2]
     layout = PackedLayout(cu_seqlens, q.shape[1], q.device)
     ldp, logw, m, mT = _exp_gates(i, f, m0, layout)
@@ -152,16 +152,18 @@ def _exp_run(q, k, v, ldp, logw, m, mT, initial_state, eps, kw, anchor=None):
     """mLSTMexp from its gates (`_exp_gates`): one core call (keys k·exp(i − m̂), decay ld', values [v, 1]),
     then the live max state put back and the normalizer divided out. anchor: tied to the keys (context
     parallelism: see `_mlstm_exp_cp`)."""
-    ks = k * logw.exp().unsqueeze(-1).to(k.dtype)
+    gate = None
     if anchor is not None:
         from ..core.context_parallel import tie
-        ks = tie(ks, anchor)
+        ks = tie(k * logw.exp().unsqueeze(-1).to(k.dtype), anchor)
+    else:  # exp(ĩ − m̂) as a key gate, applied by the kernels as they read k
+        ks, gate = k, logw.to(decay_dtype(q))
     va = torch.cat([v, torch.ones_like(v[..., :1])], -1)
     S0 = None
     if initial_state is not None:
         C0, n0, m0 = initial_state
         S0 = torch.cat([C0, n0.unsqueeze(-1)], -1) * _one(m0.double()).to(C0.dtype)[..., None, None]
-    o, S = linear_attention(q, ks, va, ldp.to(decay_dtype(q)), initial_state=S0, **kw)
+    o, S = linear_attention(q, ks, va, ldp.to(decay_dtype(q)), initial_state=S0, key_gate=gate, **kw)
     o = o * _one(-m).unsqueeze(-1).to(o.dtype)  # exp(m̂ - m)
     h = o[..., :-1] / _denominator(o[..., -1:], m.unsqueeze(-1), eps)
     if S is None:

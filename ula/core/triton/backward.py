@@ -9,6 +9,10 @@ output kernel's intra-chunk part take `scale`. The log-decay gradient's terms ar
 of dq and dk (from their float32 results) and at the chunk borders by the second state kernel (from the two
 states that meet there), so neither dq nor dk is kept in float32 and no border product is materialized.
 
+A log key gate u (k_t enters as e^{u_t} k_t, mLSTM's input gate) is applied where k is read: on the source steps
+of the forward-role states and of the dQ pass, on the output rows of the dK and dV passes (their rows are key
+steps); its gradient, Σ_features k ⊙ dk per step, is formed by the dK pass's output kernel.
+
 For a left decay only (any kind); a right decay takes the generic path of ula/core/autograd.py."""
 import torch
 
@@ -29,9 +33,9 @@ def _bounds(layout, C):
     return layout.chunk_start, ends.to(torch.int32).contiguous()
 
 
-def fused_backward(q, k, v, ld, h0, do, dS, scale, cu_seqlens, rev, C, need_ld):
-    """(dq, dk, dv, dld, dh0) of o = F(q, k, v, ld, None, rev) for the gradient do of o and dS of the final
-    state (None: zero); ld as the caller gave it ([H], [B, T, H], [B, T, H, K] or None), not floored."""
+def fused_backward(q, k, v, ld, h0, do, dS, scale, cu_seqlens, rev, C, need_ld, key_gate=None):
+    """(dq, dk, dv, dld, dh0, d key_gate) of o = F(q, k, v, ld, None, rev) for the gradient do of o and dS of
+    the final state (None: zero); ld as the caller gave it ([H], [B, T, H], [B, T, H, K] or None), not floored."""
     B, T, H, K = q.shape
     q, k, v, do = q.contiguous(), k.contiguous(), v.contiguous(), do.contiguous()
     layout = make_layout(B, T, C, cu_seqlens, q.device)
@@ -49,27 +53,29 @@ def fused_backward(q, k, v, ld, h0, do, dS, scale, cu_seqlens, rev, C, need_ld):
     half = half_states(q) or f32
     h0f = h0.to(f32).contiguous() if h0 is not None else None
     dSf = dS.to(f32).contiguous() if dS is not None else None
+    u = key_gate.contiguous() if key_gate is not None else None
 
     # the state gradients (the dK and dV passes' states, one kernel): Σ qᵀ (scale dO), entering with dS
     g_border, dh0, _ = chunk_states(q, do, b_bwd, None, dSf, layout, not rev, dot_w,
                                     f32 if need_ld else half, scale=scale)
     # the forward's states (the dQ pass's), and the decay gradient's border terms against the state gradients
     f_border, _, X = chunk_states(k, v, b_fwd, None, h0f, layout, rev, dot_w, f32 if wide else half,
-                                  partner=g_border if need_ld else None)
+                                  partner=g_border if need_ld else None, gate=u)
     # a right decay in the dQ and dK passes; one value per step commutes and is carried on the left
     left_q, right_q = (None, b_fwd) if vec else (b_fwd, None)
     left_k, right_k = (None, b_bwd) if vec else (b_bwd, None)
     # forward-direction passes read their initial state through the output kernel (transposed like the states)
     dq_out = chunk_output(do, v, k, left_q, right_q, f_border, h0f if not rev else None, scale, layout, rev, dot_w,
-                          q.dtype, state_transposed=True, dg=(q, None, 1.0, vec) if need_ld else None)
-    dq, db = dq_out if need_ld else (dq_out, None)
+                          q.dtype, state_transposed=True, gate=u, dg=(q, None, 1.0, vec) if need_ld else None)
+    dq, db = (dq_out[0], dq_out[1]) if need_ld else (dq_out, None)
     del f_border
+    extras = need_ld or u is not None
     dk_out = chunk_output(v, do, q, left_k, right_k, g_border, dSf if rev else None, 1.0, layout, not rev, dot_w,
-                          k.dtype, scale_intra=scale, state_transposed=True,
-                          dg=(k, db, -1.0, vec) if need_ld else None)
-    dk = dk_out[0] if need_ld else dk_out
+                          k.dtype, scale_intra=scale, state_transposed=True, gate=u, gate_rows=True,
+                          dg=(k, db, -1.0, vec) if need_ld else None, du_of=k if u is not None else None)
+    dk, du = (dk_out[0], dk_out[2]) if extras else (dk_out, None)
     dv = chunk_output(k, q, do, b_bwd, None, g_border, dSf if rev else None, 1.0, layout, not rev, dot, v.dtype,
-                      scale_intra=scale)
+                      scale_intra=scale, gate=u, gate_rows=True)
     del g_border
     if h0 is not None:
         if not rev and gl is not None:  # the state gradients ran in reverse and leave through the first step
@@ -85,4 +91,6 @@ def fused_backward(q, k, v, ld, h0, do, dS, scale, cu_seqlens, rev, C, need_ld):
         if ld.dim() == 1:
             dld = dld * (ld > LOG_DECAY_FLOOR)
         dld = dld.to(ld.dtype)
-    return dq, dk, dv, dld, dh0
+    if du is not None:
+        du = (du[0] if du.shape[0] == 1 else du.sum(0)).to(key_gate.dtype)
+    return dq, dk, dv, dld, dh0, du

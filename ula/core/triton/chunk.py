@@ -62,7 +62,7 @@ def _final_decay(S, gl, gr, cu_seqlens):
 
 
 def chunk_recurrence_triton(q, k, v, gl=None, gr=None, *, scale=1.0, initial_state=None, cu_seqlens=None,
-                            reverse=False, chunk_size=64, out_dtype=None, state_dtype=None):
+                            reverse=False, chunk_size=64, out_dtype=None, state_dtype=None, key_gate=None):
     """F(q, k, v, L, R, reverse) of DESIGN §2 in [B, T, H, D] layout, on Triton kernels.
 
     gl: left log decay, None or [B|1, T, H, K|1] (any strides: an expanded constant decay is read in place);
@@ -71,7 +71,8 @@ def chunk_recurrence_triton(q, k, v, gl=None, gr=None, *, scale=1.0, initial_sta
     Returns o [B, T, H, V] (out_dtype, default float32), the final state [B|N, H, K, V] float32 and the border
     states [B, H, n, K, V] (state_dtype, default float32; bfloat16 halves their traffic, as the output reads
     them back as matmul operands anyway): going forward the state after each chunk, in reverse the state entering each
-    chunk from its right end."""
+    chunk from its right end. key_gate: None or a log key gate [B, T, H]: k_t enters as exp(key_gate_t) k_t
+    (not with float64 inputs)."""
     if gr is not None and gr.shape[-1] == 1:  # a scalar decay commutes: carry it on the left
         gl, gr = (gr if gl is None else gl + gr), None
     if torch.float64 in (q.dtype, k.dtype, v.dtype):
@@ -86,8 +87,9 @@ def chunk_recurrence_triton(q, k, v, gl=None, gr=None, *, scale=1.0, initial_sta
     dot = dot_code(q, k, v)
     b = chunk_cumsum(gl, layout, reverse) if gl is not None else None
     c = chunk_cumsum(gr, layout, reverse) if gr is not None else None
-    border, final, _ = chunk_states(k, v, b, c, h0, layout, reverse, dot, state_dtype or torch.float32)
-    o = chunk_output(q, k, v, b, c, border, h0, scale, layout, reverse, dot, out_dtype or torch.float32)
+    u = key_gate.contiguous() if key_gate is not None else None
+    border, final, _ = chunk_states(k, v, b, c, h0, layout, reverse, dot, state_dtype or torch.float32, gate=u)
+    o = chunk_output(q, k, v, b, c, border, h0, scale, layout, reverse, dot, out_dtype or torch.float32, gate=u)
     if reverse and (gl is not None or gr is not None):
         final = _final_decay(final, gl, gr, cu_seqlens)
     return o, final, border

@@ -21,8 +21,18 @@ from .utils import alloc, block, mm, operand, tuned
 
 
 @triton.jit
-def _offdiag(q_base, k_base, v_base, b_base, rows, mi, js, ce, vc, mv, K, V, H, DB: tl.constexpr, BT: tl.constexpr,
-             BK: tl.constexpr, HAS_B: tl.constexpr, DOT: tl.constexpr):
+def _source_v(v_base, u_base, r64, m, vc, mv, V, GATE: tl.constexpr, DOT: tl.constexpr):
+    """v rows of source steps as a matmul operand, times exp(u) of each step with a source gate (a key gate in
+    the passes where k, v are the sources)."""
+    vt = operand(tl.load(v_base + r64[:, None] * V + vc[None, :], mask=m[:, None] & mv[None, :], other=0.0), DOT)
+    if GATE == 1:
+        vt = vt * tl.exp(tl.load(u_base + r64, mask=m, other=0.0).to(tl.float32))[:, None]
+    return vt
+
+
+@triton.jit
+def _offdiag(q_base, k_base, v_base, b_base, u_base, rows, mi, js, ce, vc, mv, K, V, H, DB: tl.constexpr, BT: tl.constexpr,
+             BK: tl.constexpr, HAS_B: tl.constexpr, GATE: tl.constexpr, DOT: tl.constexpr):
     """Contribution of the key block starting at js (entirely before the rows, after them in reverse), for
     decays with one value per step: the block's decays are one [BT, BT] factor after the matmul."""
     cols = js + tl.arange(0, BT)
@@ -40,14 +50,14 @@ def _offdiag(q_base, k_base, v_base, b_base, rows, mi, js, ce, vc, mv, K, V, H, 
         bi = tl.load(b_base + ri * DB, mask=mi, other=0.0)
         bj = tl.load(b_base + rj * DB, mask=mj, other=0.0)
         A = A * tl.exp(tl.where(mi[:, None] & mj[None, :], bi[:, None] - bj[None, :], float("-inf")))
-    vt = operand(tl.load(v_base + rj[:, None] * V + vc[None, :], mask=mj[:, None] & mv[None, :], other=0.0), DOT)
+    vt = _source_v(v_base, u_base, rj, mj, vc, mv, V, GATE, DOT)
     return mm(A, vt, DOT)
 
 
 @triton.jit
-def _offdiag_vec(qs, k_base, v_base, b_base, c_base, rr, r_ok, js, ce, vc, mv, K, V, H, DB: tl.constexpr,
+def _offdiag_vec(qs, k_base, v_base, b_base, c_base, u_base, rr, r_ok, js, ce, vc, mv, K, V, H, DB: tl.constexpr,
                  BT: tl.constexpr, BKF: tl.constexpr, BV: tl.constexpr, HAS_B: tl.constexpr, HAS_C: tl.constexpr,
-                 DOT: tl.constexpr):
+                 GATE: tl.constexpr, DOT: tl.constexpr):
     """Decays per feature: the key block starting at js against the rows' q already decayed to the reference
     step r (qs, all K features; r lies between every key of an off-diagonal block and every row, so one r
     serves all blocks). Returns A @ (v decayed from the keys to r); the caller applies the rows' side of c."""
@@ -66,7 +76,7 @@ def _offdiag_vec(qs, k_base, v_base, b_base, c_base, rr, r_ok, js, ce, vc, mv, K
             bk = tl.load(b_base + rj * DB, mask=mj, other=0.0)[:, None]
         kt = kt * tl.exp(tl.where(mj[:, None], br - bk, float("-inf")))
     A = mm(qs, tl.trans(kt), DOT)
-    vt = operand(tl.load(v_base + rj[:, None] * V + vc[None, :], mask=mj[:, None] & mv[None, :], other=0.0), DOT)
+    vt = _source_v(v_base, u_base, rj, mj, vc, mv, V, GATE, DOT)
     if HAS_C:
         cr = tl.load(c_base + rr * V + vc, mask=mv & r_ok, other=0.0)
         cj = tl.load(c_base + rj[:, None] * V + vc[None, :], mask=mj[:, None] & mv[None, :], other=0.0)
@@ -75,9 +85,10 @@ def _offdiag_vec(qs, k_base, v_base, b_base, c_base, rr, r_ok, js, ce, vc, mv, K
 
 
 @triton.jit
-def _diag_vec(q_base, k_base, v_base, b_base, c_base, rows, mi, ce, vc, mv, K, V, H,
+def _diag_vec(q_base, k_base, v_base, b_base, c_base, u_base, rows, mi, ce, vc, mv, K, V, H,
               DB: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, LOG_BT: tl.constexpr,
-              HAS_B: tl.constexpr, HAS_C: tl.constexpr, REVERSE: tl.constexpr, DOT: tl.constexpr):
+              HAS_B: tl.constexpr, HAS_C: tl.constexpr, REVERSE: tl.constexpr, GATE: tl.constexpr,
+              DOT: tl.constexpr):
     """The rows' own block with decays per feature, without per-element [BT, BT, D] work: secondary
     chunking taken down to single steps. At level h the block is cut into pieces of 2h steps; every pair
     (later half, earlier half) of a piece goes through the piece's middle step r, exp(b_i - b_j) =
@@ -85,7 +96,7 @@ def _diag_vec(q_base, k_base, v_base, b_base, c_base, rows, mi, ce, vc, mv, K, V
     cover every pair i != j; i = j carries no decay."""
     idx = tl.arange(0, BT)
     ri = rows.to(tl.int64) * H
-    vt = operand(tl.load(v_base + ri[:, None] * V + vc[None, :], mask=mi[:, None] & mv[None, :], other=0.0), DOT)
+    vt = _source_v(v_base, u_base, ri, mi, vc, mv, V, GATE, DOT)
     if HAS_C:
         cv = tl.load(c_base + ri[:, None] * V + vc[None, :], mask=mi[:, None] & mv[None, :], other=0.0)
     # i = j
@@ -142,8 +153,8 @@ def _diag_vec(q_base, k_base, v_base, b_base, c_base, rows, mi, ce, vc, mv, K, V
 
 
 @triton.jit
-def _diag(q_base, k_base, v_base, b_base, rows, mi, vc, mv, K, V, H, DB: tl.constexpr, BT: tl.constexpr,
-          BK: tl.constexpr, HAS_B: tl.constexpr, REVERSE: tl.constexpr, DOT: tl.constexpr):
+def _diag(q_base, k_base, v_base, b_base, u_base, rows, mi, vc, mv, K, V, H, DB: tl.constexpr, BT: tl.constexpr,
+          BK: tl.constexpr, HAS_B: tl.constexpr, REVERSE: tl.constexpr, GATE: tl.constexpr, DOT: tl.constexpr):
     """Contribution of the rows' own block (keys = the same steps), causal in the direction of the pass,
     for decays without a per-feature part (one value per step)."""
     ri = rows.to(tl.int64) * H
@@ -163,17 +174,18 @@ def _diag(q_base, k_base, v_base, b_base, rows, mi, vc, mv, K, V, H, DB: tl.cons
         A = A * tl.exp(tl.where(m, bi[:, None] - bi[None, :], float("-inf")))
     else:
         A = tl.where(m, A, 0.0)
-    vt = operand(tl.load(v_base + ri[:, None] * V + vc[None, :], mask=mi[:, None] & mv[None, :], other=0.0), DOT)
+    vt = _source_v(v_base, u_base, ri, mi, vc, mv, V, GATE, DOT)
     return mm(A, vt, DOT)
 
 
 @triton.jit
-def _output_kernel(q, k, v, b, c, border, h0, o, dg_a, dg_out, cu, chunk_seq, chunk_start, T, H, K, V, NC, sb_b, sc_b,
+def _output_kernel(q, k, v, b, c, u, border, h0, o, dg_a, dg_out, du_out, cu, chunk_seq, chunk_start, T, H, K, V, NC, sb_b, sc_b,
                    s_sk, s_sv, scale_inter, scale_intra, dg_coef, dg_slab,
                    DB: tl.constexpr, C: tl.constexpr, NRB: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
                    BV: tl.constexpr, HAS_B: tl.constexpr, HAS_C: tl.constexpr, VEC: tl.constexpr,
                    HAS_H0: tl.constexpr, REVERSE: tl.constexpr, VARLEN: tl.constexpr, DOT: tl.constexpr,
-                   LOG_BT: tl.constexpr, DG: tl.constexpr, DG_ACC: tl.constexpr, BKF: tl.constexpr):
+                   LOG_BT: tl.constexpr, DG: tl.constexpr, DG_ACC: tl.constexpr, BKF: tl.constexpr,
+                   GATE: tl.constexpr, HAS_DU: tl.constexpr):
     i_r, i_v, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)  # row blocks on axis 0 (up to 2^31)
     i_b, i_h = i_bh // H, i_bh % H
     i_c = i_r // NRB
@@ -202,6 +214,7 @@ def _output_kernel(q, k, v, b, c, border, h0, o, dg_a, dg_out, cu, chunk_seq, ch
         v_base = v + row0 * V
         b_base = b + i_b.to(tl.int64) * sb_b + i_h * DB
         c_base = c + i_b.to(tl.int64) * sc_b + i_h * V
+        u_base = u + i_b.to(tl.int64) * T * H + i_h
         # inter-chunk part through the state entering the chunk
         bord = border + ((i_b.to(tl.int64) * H + i_h) * NC) * K * V
         if REVERSE:
@@ -238,11 +251,11 @@ def _output_kernel(q, k, v, b, c, border, h0, o, dg_a, dg_out, cu, chunk_seq, ch
             acc = acc * scale_inter
         # intra-chunk part: the rows' own block, then the key blocks before them (after them in reverse)
         if VEC:
-            acc += _diag_vec(q_base, k_base, v_base, b_base, c_base, rows, mi, ce, vc, mv, K, V, H, DB, BT, BK, BV,
-                             LOG_BT, HAS_B, HAS_C, REVERSE, DOT) * scale_intra
+            acc += _diag_vec(q_base, k_base, v_base, b_base, c_base, u_base, rows, mi, ce, vc, mv, K, V, H, DB, BT, BK,
+                             BV, LOG_BT, HAS_B, HAS_C, REVERSE, GATE, DOT) * scale_intra
         else:
-            acc += _diag(q_base, k_base, v_base, b_base, rows, mi, vc, mv, K, V, H, DB, BT, BK, HAS_B, REVERSE,
-                         DOT) * scale_intra
+            acc += _diag(q_base, k_base, v_base, b_base, u_base, rows, mi, vc, mv, K, V, H, DB, BT, BK, HAS_B, REVERSE,
+                         GATE, DOT) * scale_intra
         if REVERSE:
             lo, hi = rs + BT, ce
         else:
@@ -269,8 +282,8 @@ def _output_kernel(q, k, v, b, c, border, h0, o, dg_a, dg_out, cu, chunk_seq, ch
                 qs = qs * tl.exp(tl.where(mi[:, None], bq - br, float("-inf")))
             off = tl.zeros([BT, BV], dtype=tl.float32)
             for js in range(lo, hi, BT):
-                off += _offdiag_vec(qs, k_base, v_base, b_base, c_base, rr, r_ok, js, ce, vc, mv, K, V, H, DB, BT,
-                                    BKF, BV, HAS_B, HAS_C, DOT)
+                off += _offdiag_vec(qs, k_base, v_base, b_base, c_base, u_base, rr, r_ok, js, ce, vc, mv, K, V, H, DB,
+                                    BT, BKF, BV, HAS_B, HAS_C, GATE, DOT)
             if HAS_C:
                 cr = tl.load(c_base + rr * V + vc, mask=mv & r_ok, other=0.0)
                 ci = tl.load(c_base + ri[:, None] * V + vc[None, :], mask=mi[:, None] & mv[None, :], other=0.0)
@@ -278,11 +291,16 @@ def _output_kernel(q, k, v, b, c, border, h0, o, dg_a, dg_out, cu, chunk_seq, ch
             acc += off * scale_intra
         else:
             for js in range(lo, hi, BT):
-                acc += _offdiag(q_base, k_base, v_base, b_base, rows, mi, js, ce, vc, mv, K, V, H, DB, BT, BK, HAS_B,
-                                DOT) * scale_intra
+                acc += _offdiag(q_base, k_base, v_base, b_base, u_base, rows, mi, js, ce, vc, mv, K, V, H, DB, BT, BK,
+                                HAS_B, GATE, DOT) * scale_intra
+        if GATE == 2:  # a key gate in the passes whose rows are key steps: the gradient of k e^u is e^u times
+            acc = acc * tl.exp(tl.load(u_base + ri, mask=mi, other=0.0).to(tl.float32))[:, None]
         mo = mi[:, None] & mv[None, :]
         o_off = row0 * V + ri[:, None] * V + vc[None, :]
         tl.store(o + o_off, acc, mask=mo)
+        if HAS_DU:  # the key gate's gradient: sum over features of k ⊙ dk, per V tile
+            du = tl.sum(tl.load(dg_a + o_off, mask=mo, other=0.0).to(tl.float32) * acc, 1)
+            tl.store(du_out + i_v.to(tl.int64) * dg_slab + row0 + rows.to(tl.int64) * H, du, mask=mi)
         if DG > 0:
             # the log-decay gradient's per-step terms, dg_coef · a ⊙ o, from the float32 result (decay_grad.py)
             prod = tl.load(dg_a + o_off, mask=mo, other=0.0).to(tl.float32) * acc * dg_coef
@@ -299,15 +317,18 @@ def _output_kernel(q, k, v, b, c, border, h0, o, dg_a, dg_out, cu, chunk_seq, ch
 
 
 def chunk_output(q, k, v, b, c, border, h0, scale, layout, reverse, dot, out_dtype=torch.float32, *,
-                 scale_intra=None, state_transposed=False, dg=None):
+                 scale_intra=None, state_transposed=False, gate=None, gate_rows=False, dg=None, du_of=None):
     """o [B, T, H, V] in out_dtype from q, k [B, T, H, K], v [B, T, H, V] (contiguous), the chunk-local cumulative
     log decays b [Bg, T, H, K|1], c [Bg, T, H, V] (or None) and the border states of kernel 2.
 
     The part through the states is multiplied by `scale`, the intra-chunk part by `scale_intra` (default the
     same). state_transposed: border states and h0 are stored [.., V, K] (another pass's states, read in place).
-    dg = (a, out, coef, per_feature): also the log-decay gradient's per-step terms coef · a ⊙ o (a shaped like o),
+    gate: a log key gate [B, T, H] (contiguous), on the source steps (exp(u_j) v_j) or, with gate_rows, on the
+    output rows. Extras, returned after o when asked for (else o alone):
+    dg = (a, out, coef, per_feature): the log-decay gradient's per-step terms coef · a ⊙ o (a shaped like o),
     float32: [B, T, H, V] per feature, else summed over each V tile, [V tiles, B, T, H]; into a new buffer when out
-    is None, else added to out (a buffer of an earlier call with the same V). Returns (o, that buffer) then."""
+    is None, else added to out (a buffer of an earlier call with the same V);
+    du_of = a: the sums over each V tile of a ⊙ o, [V tiles, B, T, H] float32 (a key gate's gradient)."""
     B, T, H, K = q.shape
     V = v.shape[-1]
     vec = (b is not None and b.shape[-1] > 1) or c is not None
@@ -317,24 +338,34 @@ def chunk_output(q, k, v, b, c, border, h0, scale, layout, reverse, dot, out_dty
     BT, BK, BV = min(C, BT), block(K, BK), block(V, BV)
     o = alloc((B, T, H, V), q.device, out_dtype)
     dummy = border
-    dg_mode, dg_a, dg_out, dg_coef, dg_acc = 0, dummy, dummy, 0.0, False
+    slabs = (triton.cdiv(V, BV), B, T, H)
+    dg_mode, dg_a, dg_out, dg_coef, dg_acc = 0, dummy, None, 0.0, False
     if dg is not None:
         dg_a, dg_out, dg_coef, per_feature = dg
         dg_mode = 2 if per_feature else 1
         dg_acc = dg_out is not None
         if dg_out is None:
-            dg_out = alloc(o.shape if per_feature else (triton.cdiv(V, BV), B, T, H), q.device)
+            dg_out = alloc(o.shape if per_feature else slabs, q.device)
+    du_out = None
+    if du_of is not None:
+        assert dg is None or dg_a is du_of
+        dg_a = du_of
+        du_out = alloc(slabs, q.device)
     s_sk, s_sv = (1, K) if state_transposed else (V, 1)
     grid = (layout.n * (C // BT), triton.cdiv(V, BV), B * H)  # axes 1 and 2 stop at 65535
-    _output_kernel[grid](q, k, v, b if b is not None else dummy, c if c is not None else dummy, border,
-                         h0 if h0 is not None else dummy, o, dg_a, dg_out, layout.cu, layout.chunk_seq,
-                         layout.chunk_start, T, H, K, V, layout.n,
+    _output_kernel[grid](q, k, v, b if b is not None else dummy, c if c is not None else dummy,
+                         gate if gate is not None else dummy, border, h0 if h0 is not None else dummy, o, dg_a,
+                         dg_out if dg_out is not None else dummy, du_out if du_out is not None else dummy,
+                         layout.cu, layout.chunk_seq, layout.chunk_start, T, H, K, V, layout.n,
                          (b.stride(0) if b is not None and b.shape[0] > 1 else 0),
                          (c.stride(0) if c is not None and c.shape[0] > 1 else 0), s_sk, s_sv, float(scale),
                          float(scale if scale_intra is None else scale_intra), float(dg_coef), B * T * H,
                          DB=b.shape[-1] if b is not None else 1, C=C, NRB=C // BT, BT=BT, BK=BK, BV=BV,
                          HAS_B=b is not None, HAS_C=c is not None, VEC=vec, HAS_H0=h0 is not None,
                          REVERSE=reverse, VARLEN=layout.varlen, DOT=dot, LOG_BT=BT.bit_length() - 1,
-                         DG=dg_mode, DG_ACC=dg_acc, BKF=block(K, 256), num_warps=W)
-    return o if dg is None else (o, dg_out)
-
+                         DG=dg_mode, DG_ACC=dg_acc, BKF=block(K, 256),
+                         GATE=0 if gate is None else (2 if gate_rows else 1), HAS_DU=du_out is not None,
+                         num_warps=W)
+    if dg is None and du_of is None:
+        return o
+    return o, dg_out, du_out

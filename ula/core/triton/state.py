@@ -11,10 +11,11 @@ from .utils import alloc, block, mm, operand, tuned
 
 
 @triton.jit
-def _rows_into_state(S, r0, ce, k_base, v_base, b_base, c_base, b_end, c_end, kc, vc, mk, mv, K, V, H, scale,
-                     DB: tl.constexpr, BT: tl.constexpr, HAS_B: tl.constexpr, HAS_C: tl.constexpr, DOT: tl.constexpr):
-    """S + scale (k decayed to the chunk's end)ᵀ (v decayed to the chunk's end) over rows r0 .. r0 + BT (before
-    ce)."""
+def _rows_into_state(S, r0, ce, k_base, v_base, b_base, c_base, u_base, b_end, c_end, kc, vc, mk, mv, K, V, H, scale,
+                     DB: tl.constexpr, BT: tl.constexpr, HAS_B: tl.constexpr, HAS_C: tl.constexpr, GATE: tl.constexpr,
+                     DOT: tl.constexpr):
+    """S + scale (k decayed to the chunk's end, times exp(u) with a key gate)ᵀ (v decayed to the chunk's end) over
+    rows r0 .. r0 + BT (before ce)."""
     rows = r0 + tl.arange(0, BT)
     mr = rows < ce
     r64 = rows.to(tl.int64) * H
@@ -30,6 +31,8 @@ def _rows_into_state(S, r0, ce, k_base, v_base, b_base, c_base, b_end, c_end, kc
     if HAS_C:
         ct = tl.load(c_base + r64[:, None] * V + vc[None, :], mask=mr[:, None] & mv[None, :], other=0.0)
         vt = vt * tl.exp(tl.where(mr[:, None], c_end[None, :] - ct, float("-inf")))
+    if GATE:
+        kt = kt * tl.exp(tl.load(u_base + r64, mask=mr, other=0.0).to(tl.float32))[:, None]
     return S + mm(tl.trans(kt), vt, DOT) * scale
 
 
@@ -56,10 +59,10 @@ def _border_products(S, partner, X, b_base, bord_off, x_off, cs, ce, eos, kv_off
 
 
 @triton.jit
-def _state_kernel(k, v, b, c, h0, border, final, partner, X, cu, chunk_offset, T, H, K, V, NC, NVT, sb_b, sc_b, scale,
+def _state_kernel(k, v, b, c, u, h0, border, final, partner, X, cu, chunk_offset, T, H, K, V, NC, NVT, sb_b, sc_b, scale,
                   DB: tl.constexpr, C: tl.constexpr, NB: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
                   HAS_B: tl.constexpr, HAS_C: tl.constexpr, HAS_H0: tl.constexpr, REVERSE: tl.constexpr,
-                  VARLEN: tl.constexpr, DOT: tl.constexpr, HAS_X: tl.constexpr):
+                  VARLEN: tl.constexpr, DOT: tl.constexpr, HAS_X: tl.constexpr, GATE: tl.constexpr):
     i_nh, i_k, i_v = tl.program_id(0), tl.program_id(1), tl.program_id(2)  # sequences x heads on axis 0
     i_n, i_h = i_nh // H, i_nh % H
     if VARLEN:
@@ -82,6 +85,7 @@ def _state_kernel(k, v, b, c, h0, border, final, partner, X, cu, chunk_offset, T
     v_base = v + row0 * V
     b_base = b + i_b.to(tl.int64) * sb_b + i_h * DB
     c_base = c + i_b.to(tl.int64) * sc_b + i_h * V
+    u_base = u + i_b.to(tl.int64) * T * H + i_h
     kv_off = kc[:, None] * V + vc[None, :]
     chunk0 = (i_b.to(tl.int64) * H + i_h) * NC + c0  # this sequence's first chunk among all [B, H, n]
     bord_base = border + chunk0 * K * V
@@ -120,12 +124,12 @@ def _state_kernel(k, v, b, c, h0, border, final, partner, X, cu, chunk_offset, T
         # every block's tiles would stay in shared memory at once)
         if NB <= 2:
             for sb in tl.static_range(NB):
-                S = _rows_into_state(S, cs + sb * BT, ce, k_base, v_base, b_base, c_base, b_end, c_end, kc, vc, mk, mv,
-                                     K, V, H, scale, DB, BT, HAS_B, HAS_C, DOT)
+                S = _rows_into_state(S, cs + sb * BT, ce, k_base, v_base, b_base, c_base, u_base, b_end, c_end, kc, vc, mk, mv,
+                                     K, V, H, scale, DB, BT, HAS_B, HAS_C, GATE, DOT)
         else:
             for sb in range(NB):
-                S = _rows_into_state(S, cs + sb * BT, ce, k_base, v_base, b_base, c_base, b_end, c_end, kc, vc, mk, mv,
-                                     K, V, H, scale, DB, BT, HAS_B, HAS_C, DOT)
+                S = _rows_into_state(S, cs + sb * BT, ce, k_base, v_base, b_base, c_base, u_base, b_end, c_end, kc, vc, mk, mv,
+                                     K, V, H, scale, DB, BT, HAS_B, HAS_C, GATE, DOT)
         if not REVERSE:
             tl.store(bord_base + idx.to(tl.int64) * K * V + kv_off, S, mask=mkv)
             if HAS_X:
@@ -134,9 +138,10 @@ def _state_kernel(k, v, b, c, h0, border, final, partner, X, cu, chunk_offset, T
     tl.store(final + (i_n.to(tl.int64) * H + i_h) * K * V + kv_off, S, mask=mkv)
 
 
-def chunk_states(k, v, b, c, h0, layout, reverse, dot, state_dtype=torch.float32, scale=1.0, partner=None):
+def chunk_states(k, v, b, c, h0, layout, reverse, dot, state_dtype=torch.float32, scale=1.0, partner=None, gate=None):
     """k [B, T, H, K], v [B, T, H, V] contiguous; b [Bg, T, H, K|1], c [Bg, T, H, V] chunk-local cumulative
-    log decays (or None); h0 [N, H, K, V] float32 contiguous or None; every k_tᵀ v_t enters times `scale`.
+    log decays (or None); h0 [N, H, K, V] float32 contiguous or None; every k_tᵀ v_t enters times `scale` (and
+    exp(gate_t) with a log key gate [B, T, H], contiguous).
     Returns the border states [B, H, n, K, V] in state_dtype, the final state [N, H, K, V] float32 (before the
     extra decay of a reverse pass) and, with a partner (the border states of the opposite direction, same
     shape), the log-decay gradient's border terms [B, H, n, V tiles, K] float32 (else None)."""
@@ -153,12 +158,13 @@ def chunk_states(k, v, b, c, h0, layout, reverse, dot, state_dtype=torch.float32
     dummy = border
     grid = (N * H, triton.cdiv(K, BK), NVT)  # axes 1 and 2 stop at 65535
     _state_kernel[grid](k, v, b if b is not None else dummy, c if c is not None else dummy,
-                        h0 if h0 is not None else dummy, border, final,
+                        gate if gate is not None else dummy, h0 if h0 is not None else dummy, border, final,
                         partner if partner is not None else dummy, X if X is not None else dummy,
                         layout.cu, layout.chunk_offset, T, H, K, V, layout.n, NVT,
                         (b.stride(0) if b is not None and b.shape[0] > 1 else 0),
                         (c.stride(0) if c is not None and c.shape[0] > 1 else 0), float(scale),
                         DB=DB, C=layout.C, NB=layout.C // BT, BT=BT, BK=BK, BV=BV, HAS_B=b is not None, HAS_C=c is not None,
                         HAS_H0=h0 is not None, REVERSE=reverse, VARLEN=layout.varlen, DOT=dot, HAS_X=X is not None,
+                        GATE=gate is not None,
                         num_warps=W)
     return border, final, X
