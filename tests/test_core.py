@@ -4,7 +4,7 @@ import pytest
 import torch
 
 import ula
-from helpers import KINDS, compare_with_reference, fresh_seed, make_inputs
+from helpers import KINDS, compare_with_reference, fresh_seed, make_inputs, rel
 
 TOL = 1e-5
 HEADS = [(8, 12), (16, 16), (32, 8)]  # (K, V): K != V, several head sizes
@@ -127,3 +127,22 @@ def test_default_scale_is_inverse_sqrt_k():
     o2, _ = ula.linear_attention(q, k, v, ld, scale=0.25)
     o3, _ = ula.linear_attention(q, k, v, ld, scale=1.0)
     assert torch.allclose(o1, o2) and torch.allclose(o1 * 4, o3, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+def test_loss_on_final_state_only(backend):
+    """o unused: the backward gets no gradient for o (None, not a zero tensor) and must still be right."""
+    seed = fresh_seed()
+    q, k, v, ld, _, h0 = make_inputs("scalar", False, 2, 37, 2, 16, 12)
+    ours = [x.detach().clone().requires_grad_() for x in (q, k, v, ld, h0)]
+    refs = [x.detach().double().requires_grad_() for x in (q, k, v, ld, h0)]
+    _, S = ula.linear_attention(*ours[:4], initial_state=ours[4], output_final_state=True, chunk_size=16,
+                                backend=backend)
+    _, S_ref = ula.linear_attention(*refs[:4], initial_state=refs[4], output_final_state=True, backend="reference")
+    w = torch.randn_like(S_ref)
+    (S.double() * w).sum().backward()
+    (S_ref * w).sum().backward()
+    errs = {f"d{n}": rel(a.grad, b.grad) for n, a, b in zip(("q", "k", "v", "ld", "h0"), ours, refs)
+            if b.grad is not None and b.grad.abs().sum() > 0}
+    assert ours[0].grad is None or float(ours[0].grad.abs().max()) == 0.0  # q does not reach the final state
+    _check(errs, seed)

@@ -84,6 +84,8 @@ def _grads(ctx, do, dS, bwd):
     scale, reverse, chunk_size, backend = ctx.cfg
     need_ld = ld is not None and ctx.needs_input_grad[3]
     need_rd = rd is not None and ctx.needs_input_grad[4]
+    if do is None:  # only the final state was used (eager calls do not materialize zero gradients)
+        do = torch.zeros_like(v)
     g = bwd(q, k, v, ld, rd, h0, o, do.contiguous(), dS, cu, scale, reverse, chunk_size, backend, need_ld, need_rd,
             kg)
     dld = g[3] if need_ld else None
@@ -106,6 +108,8 @@ class _Eager(torch.autograd.Function):
         out = _forward(*inputs)
         _setup_context(ctx, inputs, out)
         ctx.mark_non_differentiable(out[2])
+        # an unused final state gets None, not a zero tensor (a fill per backward; the kernels skip a None dS)
+        ctx.set_materialize_grads(False)
         return out
 
     @staticmethod
