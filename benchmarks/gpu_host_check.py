@@ -14,7 +14,7 @@ import torch
 import triton
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
-from ula.bench.measure import ours  # noqa: E402
+from ula.bench.measure import forward_backward, ours  # noqa: E402
 
 
 def main():
@@ -28,17 +28,7 @@ def main():
     for case in a.cases.split(","):
         kind, c = case.split(":")
         fn, args = ours(kind, *shape, C=None if c == "auto" else int(c))
-        o = fn(*args)
-        do = torch.randn_like(o)
-        leaves = [x for x in args if x.requires_grad]
-
-        def fb():
-            for x in leaves:
-                x.grad = None
-            fn(*args).backward(do)
-
-        for _ in range(5):
-            fb()
+        fb = forward_backward(fn, args, warm=5)
         torch.cuda.synchronize()
         t1 = triton.testing.do_bench(fb, warmup=25, rep=100, return_mode="median")
         t2 = triton.testing.do_bench(fb, warmup=25, rep=100, return_mode="median")
@@ -63,7 +53,7 @@ def main():
         del big
         print(f"{kind:9s} chunk {c:>4s}: do_bench {t1:.3f} / {t2:.3f} ms; host submit {submit:.3f} ms/f+b; "
               f"wall {wall:.3f} ms/f+b; GPU-only {gpu:.3f} ms/f+b", flush=True)
-        del fn, args, o, do
+        del fn, args, fb
         torch.cuda.empty_cache()
 
 

@@ -7,7 +7,7 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
-from ula.bench.measure import ours  # noqa: E402
+from ula.bench.measure import forward_backward, ours  # noqa: E402
 
 ap = argparse.ArgumentParser()
 ap.add_argument("--cases", default="scalar:128,scalar:64")
@@ -17,16 +17,7 @@ shape = tuple(int(x) for x in a.shape.split(","))
 for case in a.cases.split(","):
     kind, c = case.split(":")
     fn, args = ours(kind, *shape, C=None if c == "auto" else int(c))
-    do = torch.randn_like(fn(*args))
-    leaves = [x for x in args if x.requires_grad]
-
-    def fb():
-        for x in leaves:
-            x.grad = None
-        fn(*args).backward(do)
-
-    for _ in range(10):
-        fb()
+    fb = forward_backward(fn, args, warm=10)
     torch.cuda.synchronize()
     acts = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
     with torch.profiler.profile(activities=acts) as prof:

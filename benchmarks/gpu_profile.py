@@ -13,21 +13,11 @@ import torch
 import triton
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
-from ula.bench.measure import measure, ours  # noqa: E402
+from ula.bench.measure import forward_backward, measure, ours  # noqa: E402
 
 
 def profile(fn, args, iters=5):
-    o = fn(*args)
-    do = torch.randn_like(o)
-    leaves = [a for a in args if a.requires_grad]
-
-    def fb():
-        for a in leaves:
-            a.grad = None
-        fn(*args).backward(do)
-
-    for _ in range(3):
-        fb()
+    fb = forward_backward(fn, args)
     torch.cuda.synchronize()
     t = triton.testing.do_bench(fb, warmup=10, rep=50, return_mode="median")
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:

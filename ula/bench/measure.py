@@ -89,3 +89,20 @@ def ours(kind, B, T, H, K, V, C=None, device="cuda", dtype=torch.bfloat16):
         g = F.logsigmoid(torch.randn(B, T, H, K, device=dev, dtype=torch.float32) + 4).requires_grad_()
         return (lambda q, k, v, g: ula.linear_attention(q, k, v, g, chunk_size=C)[0]), [q, k, v, g]
     raise ValueError(f"kind must be none, constant, scalar or vector, got {kind!r}")
+
+
+def forward_backward(fn, args, warm=3):
+    """A closure running one forward+backward of fn(*args) against a fixed random output gradient (the leaves'
+    gradients cleared first), already run `warm` times (compiled, allocator warm)."""
+    do = torch.randn_like(fn(*args))
+    leaves = _leaves(args)
+
+    def fb():
+        for x in leaves:
+            x.grad = None
+        fn(*args).backward(do)
+
+    for _ in range(warm):
+        fb()
+    return fb
+
