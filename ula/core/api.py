@@ -27,7 +27,11 @@ def linear_attention(q, k, v, ld=None, rd=None, *, scale=None, initial_state=Non
     (log σ(ĩ)). Same as passing that k, but the Triton kernels apply it as they read k (no gated copy of k, and
     its gradient comes out of the backward's kernels); differentiable."""
     if key_gate is not None and (cp_group is not None or backend == "reference"):
-        check_linear_attention(q, k, v, ld, rd, scale, initial_state, cu_seqlens, chunk_size, backend, key_gate)
+        if cp_group is None:
+            check_linear_attention(q, k, v, ld, rd, scale, initial_state, cu_seqlens, chunk_size, backend, key_gate)
+        elif not isinstance(key_gate, torch.Tensor) or tuple(key_gate.shape) != tuple(q.shape[:3]):
+            raise ValueError(f"key_gate must be [B, T, H] = {tuple(q.shape[:3])} (this rank's slice), got "
+                             f"{getattr(key_gate, 'shape', type(key_gate).__name__)}")
         k, key_gate = gated_keys(k, key_gate), None
     if cp_group is not None:
         from .context_parallel import cp_linear_attention
