@@ -3,7 +3,7 @@ import torch
 
 from .autograd import gated_keys
 from .backends import chunk_fn
-from .checks import check_linear_attention
+from .checks import check_key_gate, check_linear_attention
 from .op import run
 from .reference import reference_linear_attention
 
@@ -29,9 +29,8 @@ def linear_attention(q, k, v, ld=None, rd=None, *, scale=None, initial_state=Non
     if key_gate is not None and (cp_group is not None or backend == "reference"):
         if cp_group is None:
             check_linear_attention(q, k, v, ld, rd, scale, initial_state, cu_seqlens, chunk_size, backend, key_gate)
-        elif not isinstance(key_gate, torch.Tensor) or tuple(key_gate.shape) != tuple(q.shape[:3]):
-            raise ValueError(f"key_gate must be [B, T, H] = {tuple(q.shape[:3])} (this rank's slice), got "
-                             f"{getattr(key_gate, 'shape', type(key_gate).__name__)}")
+        else:  # the rest is checked by the context-parallel path (cu_seqlens is global there)
+            check_key_gate(key_gate, q)
         k, key_gate = gated_keys(k, key_gate), None
     if cp_group is not None:
         from .context_parallel import cp_linear_attention

@@ -93,17 +93,24 @@ def check_linear_attention(q, k, v, ld, rd, scale, initial_state, cu_seqlens, ch
                          f"got {chunk_size!r}")
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
-    if key_gate is not None:
-        _tensor("key_gate", key_gate)
-        if tuple(key_gate.shape) != (B, T, H):
-            raise ValueError(f"key_gate must be [B, T, H] = {(B, T, H)} (a log factor per step and head), "
-                             f"got {tuple(key_gate.shape)}")
-        if key_gate.dtype not in (torch.float32, torch.float64):
-            raise TypeError(f"key_gate (a log gate) must be float32 or float64, got {key_gate.dtype}")
-        if key_gate.device != q.device:
-            raise ValueError(f"key_gate must be on the device of q ({q.device}), got {key_gate.device}")
-        if check_values(key_gate) and not bool(torch.isfinite(key_gate).all()):
-            raise ValueError("key_gate must be finite (it is the log of a factor on k)")
+    check_key_gate(key_gate, q)
+
+
+def check_key_gate(key_gate, q):
+    """A log key gate: None or a finite float32/float64 [B, T, H] (B, T, H of q) on the device of q."""
+    if key_gate is None:
+        return
+    _tensor("key_gate", key_gate)
+    B, T, H = q.shape[:3]
+    if tuple(key_gate.shape) != (B, T, H):
+        raise ValueError(f"key_gate must be [B, T, H] = {(B, T, H)} (a log factor per step and head), "
+                         f"got {tuple(key_gate.shape)}")
+    if key_gate.dtype not in (torch.float32, torch.float64):
+        raise TypeError(f"key_gate (a log gate) must be float32 or float64, got {key_gate.dtype}")
+    if key_gate.device != q.device:
+        raise ValueError(f"key_gate must be on the device of q ({q.device}), got {key_gate.device}")
+    if check_values(key_gate) and not bool(torch.isfinite(key_gate).all()):
+        raise ValueError("key_gate must be finite (it is the log of a factor on k)")
 
 
 def _check_decay(name, g, q, shapes, what):

@@ -56,8 +56,8 @@ def _offdiag(q_base, k_base, v_base, b_base, u_base, rows, mi, js, ce, vc, mv, K
 
 @triton.jit
 def _offdiag_vec(qs, k_base, v_base, b_base, c_base, u_base, rr, r_ok, js, ce, vc, mv, K, V, H, DB: tl.constexpr,
-                 BT: tl.constexpr, BKF: tl.constexpr, BV: tl.constexpr, HAS_B: tl.constexpr, HAS_C: tl.constexpr,
-                 GATE: tl.constexpr, DOT: tl.constexpr):
+                 BT: tl.constexpr, BKF: tl.constexpr, HAS_B: tl.constexpr, HAS_C: tl.constexpr, GATE: tl.constexpr,
+                 DOT: tl.constexpr):
     """Decays per feature: the key block starting at js against the rows' q already decayed to the reference
     step r (qs, all K features; r lies between every key of an off-diagonal block and every row, so one r
     serves all blocks). Returns A @ (v decayed from the keys to r); the caller applies the rows' side of c."""
@@ -283,10 +283,9 @@ def _output_kernel(q, k, v, b, c, u, border, h0, o, dg_a, dg_out, du_out, cu, ch
             off = tl.zeros([BT, BV], dtype=tl.float32)
             for js in range(lo, hi, BT):
                 off += _offdiag_vec(qs, k_base, v_base, b_base, c_base, u_base, rr, r_ok, js, ce, vc, mv, K, V, H, DB,
-                                    BT, BKF, BV, HAS_B, HAS_C, GATE, DOT)
-            if HAS_C:
+                                    BT, BKF, HAS_B, HAS_C, GATE, DOT)
+            if HAS_C:  # ci: the rows' c, loaded for the part through the states
                 cr = tl.load(c_base + rr * V + vc, mask=mv & r_ok, other=0.0)
-                ci = tl.load(c_base + ri[:, None] * V + vc[None, :], mask=mi[:, None] & mv[None, :], other=0.0)
                 off = off * tl.exp(tl.where(mi[:, None], ci - cr[None, :], float("-inf")))
             acc += off * scale_intra
         else:

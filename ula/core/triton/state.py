@@ -37,7 +37,7 @@ def _rows_into_state(S, r0, ce, k_base, v_base, b_base, c_base, u_base, b_end, c
 
 
 @triton.jit
-def _border_products(S, partner, X, b_base, bord_off, x_off, cs, ce, eos, kv_off, kc, mk, mkv, H,
+def _border_products(S, partner, X, b_base, bord_off, x_off, ce, eos, kv_off, kc, mk, mkv, H,
                      DB: tl.constexpr, REVERSE: tl.constexpr):
     """Row sums over this V tile of S ⊙ partner at one chunk border, times the decay of the step after the chunk:
     the border term X of the log-decay gradient (ula/core/decay_grad.py). That step's log decay is in the
@@ -47,10 +47,9 @@ def _border_products(S, partner, X, b_base, bord_off, x_off, cs, ce, eos, kv_off
     x = tl.sum(S * p, 1)
     if REVERSE:
         row = ce - 1
-        ok = ce > cs
     else:
         row = ce
-        ok = ce < eos
+    ok = (ce < eos) | REVERSE  # going forward there is no next chunk at a sequence's end (decay 0 there)
     if DB > 1:
         lam = tl.load(b_base + row.to(tl.int64) * H * DB + kc, mask=mk & ok, other=0.0)
     else:
@@ -103,7 +102,7 @@ def _state_kernel(k, v, b, c, u, h0, border, final, partner, X, cu, chunk_offset
             tl.store(bord_base + idx.to(tl.int64) * K * V + kv_off, S, mask=mkv)
             if HAS_X:
                 _border_products(S, partner, X, b_base, (chunk0 + idx) * K * V, ((chunk0 + idx) * NVT + i_v) * K,
-                                 cs, ce, eos, kv_off, kc, mk, mkv, H, DB, REVERSE)
+                                 ce, eos, kv_off, kc, mk, mkv, H, DB, REVERSE)
             e_row = cs
         else:
             e_row = ce - 1
@@ -134,7 +133,7 @@ def _state_kernel(k, v, b, c, u, h0, border, final, partner, X, cu, chunk_offset
             tl.store(bord_base + idx.to(tl.int64) * K * V + kv_off, S, mask=mkv)
             if HAS_X:
                 _border_products(S, partner, X, b_base, (chunk0 + idx) * K * V, ((chunk0 + idx) * NVT + i_v) * K,
-                                 cs, ce, eos, kv_off, kc, mk, mkv, H, DB, REVERSE)
+                                 ce, eos, kv_off, kc, mk, mkv, H, DB, REVERSE)
     tl.store(final + (i_n.to(tl.int64) * H + i_h) * K * V + kv_off, S, mask=mkv)
 
 
