@@ -13,6 +13,7 @@ import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 from gpu_core_vs_peers import measure, ours  # noqa: E402
+from ula.core.triton.utils import set_tuning  # noqa: E402
 
 SHAPE = (2, 8192, 16, 128, 128)
 # name -> (decay kind, kernel whose tiles vary, configurations "BT,BK,BV,warps", chunk size or None)
@@ -39,7 +40,7 @@ def main():
         with torch.no_grad():
             ref = fn(*args).float()
         for cfg in configs:
-            os.environ[f"ULA_TUNE_{kernel}"] = cfg
+            set_tuning(kernel, cfg)
             try:
                 with torch.no_grad():
                     diff = ((fn(*args).float() - ref).norm() / ref.norm()).item()
@@ -49,7 +50,7 @@ def main():
             except Exception as e:
                 rows.append(dict(kind=kind, kernel=kernel, cfg=cfg, chunk=C, error=repr(e)[:200]))
             print(json.dumps(rows[-1]), flush=True)
-        del os.environ[f"ULA_TUNE_{kernel}"]
+        set_tuning(kernel, None)
     json.dump(dict(meta=meta, shape=SHAPE, rows=rows), open(os.path.join(out, "tile_sweep.json"), "w"), indent=1)
     print(meta)
     for r in rows:

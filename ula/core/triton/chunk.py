@@ -5,13 +5,12 @@ chunks backward and read the sequence bounds themselves (no flipped or padded co
 from dataclasses import dataclass
 
 import torch
-import triton
 
 from .cumsum import chunk_cumsum
 from .decay_grad import log_decay_grad_triton
 from .output import chunk_output
 from .state import chunk_states
-from .utils import dot_code
+from .utils import cdiv, dot_code
 
 
 @dataclass
@@ -36,7 +35,7 @@ def make_layout(B, T, C, cu_seqlens, device):
         z = _DUMMY.get(device)
         if z is None:
             z = _DUMMY[device] = torch.zeros(1, dtype=torch.int32, device=device)
-        return Layout(C, triton.cdiv(T, C), B, False, z, z, z, z)
+        return Layout(C, cdiv(T, C), B, False, z, z, z, z)
     cu = cu_seqlens.to(device=device, dtype=torch.int64)
     N = cu.numel() - 1
     nch = (cu[1:] - cu[:-1] + C - 1) // C

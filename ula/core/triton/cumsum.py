@@ -9,7 +9,7 @@ import triton
 import triton.language as tl
 
 from ..autograd import LOG_DECAY_FLOOR
-from .utils import alloc, block
+from .utils import alloc, block, cdiv, launch
 
 
 @triton.jit
@@ -57,8 +57,8 @@ def chunk_cumsum(g, layout, reverse):
     C = layout.C
     BR = min(C, 64)
     BD = block(D, 32, lo=1)
-    grid = (layout.n, triton.cdiv(D, BD), Bg * H)
-    _cumsum_kernel[grid](g, out, layout.cu, layout.chunk_seq, layout.chunk_start, T, H, D, *g.stride(),
+    grid = (layout.n, cdiv(D, BD), Bg * H)
+    launch(_cumsum_kernel, grid, g, out, layout.cu, layout.chunk_seq, layout.chunk_start, T, H, D, *g.stride(),
                          C=C, BR=BR, BD=BD, REVERSE=reverse, VARLEN=layout.varlen,
                          FLOOR=LOG_DECAY_FLOOR)
     return out

@@ -11,7 +11,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .utils import alloc, block
+from .utils import alloc, block, cdiv, launch
 
 
 @triton.jit
@@ -86,8 +86,8 @@ def decay_grad_from_terms(db, X, sign, shape, T, C, n, bounds=None, g_mask=None,
     g = g_mask if has_mask else X
     sg = g.stride() if has_mask else (0, 0, 0, 0)
     starts, ends = bounds if bounds is not None else (X, X)
-    grid = (n, triton.cdiv(D, BD), B * H)
-    _decay_grad_kernel[grid](db, X, g, out, starts, ends, T, H, D, DP, n, P, X.shape[3], B * T * H * DP, *sg,
+    grid = (n, cdiv(D, BD), B * H)
+    launch(_decay_grad_kernel, grid, db, X, g, out, starts, ends, T, H, D, DP, n, P, X.shape[3], B * T * H * DP, *sg,
                              float(sign), float(floor), C=C, BR=BR, BD=BD, BDP=block(DP, 256, lo=1), SUM_D=sum_d,
                              BOUNDS=bounds is not None, HAS_MASK=has_mask)
     return out.sum((0, 1)) if len(shape) == 1 else out

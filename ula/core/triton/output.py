@@ -17,7 +17,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .utils import alloc, block, mm, operand, tuned
+from .utils import alloc, block, cdiv, launch, mm, operand, tuned
 
 
 @triton.jit
@@ -337,7 +337,7 @@ def chunk_output(q, k, v, b, c, border, h0, scale, layout, reverse, dot, out_dty
     BT, BK, BV = min(C, BT), block(K, BK), block(V, BV)
     o = alloc((B, T, H, V), q.device, out_dtype)
     dummy = border
-    slabs = (triton.cdiv(V, BV), B, T, H)
+    slabs = (cdiv(V, BV), B, T, H)
     dg_mode, dg_a, dg_out, dg_coef, dg_acc = 0, dummy, None, 0.0, False
     if dg is not None:
         dg_a, dg_out, dg_coef, per_feature = dg
@@ -351,8 +351,8 @@ def chunk_output(q, k, v, b, c, border, h0, scale, layout, reverse, dot, out_dty
         dg_a = du_of
         du_out = alloc(slabs, q.device)
     s_sk, s_sv = (1, K) if state_transposed else (V, 1)
-    grid = (layout.n * (C // BT), triton.cdiv(V, BV), B * H)  # axes 1 and 2 stop at 65535
-    _output_kernel[grid](q, k, v, b if b is not None else dummy, c if c is not None else dummy,
+    grid = (layout.n * (C // BT), cdiv(V, BV), B * H)  # axes 1 and 2 stop at 65535
+    launch(_output_kernel, grid, q, k, v, b if b is not None else dummy, c if c is not None else dummy,
                          gate if gate is not None else dummy, border, h0 if h0 is not None else dummy, o, dg_a,
                          dg_out if dg_out is not None else dummy, du_out if du_out is not None else dummy,
                          layout.cu, layout.chunk_seq, layout.chunk_start, T, H, K, V, layout.n,

@@ -7,7 +7,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .utils import alloc, block, mm, operand, tuned
+from .utils import alloc, block, cdiv, launch, mm, operand, tuned
 
 
 @triton.jit
@@ -151,12 +151,12 @@ def chunk_states(k, v, b, c, h0, layout, reverse, dot, state_dtype=torch.float32
     final = alloc((N, H, K, V), k.device)
     BT, BK, BV, W = tuned("state", (128, 64, 64, 4))
     BT, BK, BV = min(layout.C, BT), block(K, BK), block(V, BV)
-    NVT = triton.cdiv(V, BV)
+    NVT = cdiv(V, BV)
     X = alloc((B, H, layout.n, NVT, K), k.device) if partner is not None else None
     DB = b.shape[-1] if b is not None else 1
     dummy = border
-    grid = (N * H, triton.cdiv(K, BK), NVT)  # axes 1 and 2 stop at 65535
-    _state_kernel[grid](k, v, b if b is not None else dummy, c if c is not None else dummy,
+    grid = (N * H, cdiv(K, BK), NVT)  # axes 1 and 2 stop at 65535
+    launch(_state_kernel, grid, k, v, b if b is not None else dummy, c if c is not None else dummy,
                         gate if gate is not None else dummy, h0 if h0 is not None else dummy, border, final,
                         partner if partner is not None else dummy, X if X is not None else dummy,
                         layout.cu, layout.chunk_offset, T, H, K, V, layout.n, NVT,

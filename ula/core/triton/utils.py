@@ -2,10 +2,16 @@
 import os
 
 import torch
+from torch import Tensor
 import triton
 import triton.language as tl
+from triton import knobs
+from triton.runtime import driver
 
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
+# read once: looking up the environment per allocation costs the host microseconds on every call
+POISON = os.environ.get("ULA_POISON_OUTPUTS") == "1"
+_TUNING = {k[len("ULA_TUNE_"):].lower(): v for k, v in os.environ.items() if k.startswith("ULA_TUNE_")}
 
 
 def _interpreter_index_shim():
@@ -41,14 +47,20 @@ DOT_F32, DOT_F16, DOT_BF16 = 0, 1, 2
 def alloc(shape, device, dtype=torch.float32):
     """Every output buffer of the kernels comes from here: NaN-filled when ULA_POISON_OUTPUTS=1 (tests), so an
     element that no kernel writes cannot pass a comparison."""
-    if os.environ.get("ULA_POISON_OUTPUTS") == "1":
+    if POISON:
         return torch.full(shape, float("nan"), dtype=dtype, device=device)
     return torch.empty(shape, dtype=dtype, device=device)
 
 
+# host-side helpers in plain Python: triton.cdiv and triton.next_power_of_2 are constexpr functions in Triton 3.6,
+# several microseconds per call on the host
+def cdiv(a, b):
+    return -(-a // b)
+
+
 def block(n, cap, lo=16):
     """Power-of-two tile size for a dimension n: at least lo (tl.dot needs 16), at most cap; masks cover the rest."""
-    return max(lo, min(cap, triton.next_power_of_2(n)))
+    return max(lo, min(cap, 1 << (n - 1).bit_length()))
 
 
 def dot_code(*tensors):
@@ -92,7 +104,61 @@ def mm(a, b, DOT: tl.constexpr):
 
 
 def tuned(kernel, defaults):
-    """Tile sizes and warps of a kernel: the heuristic defaults, or ULA_TUNE_<KERNEL>="a,b,c,..." (same order)
-    for measurement sweeps (benchmarks/gpu_tile_sweep.py)."""
-    env = os.environ.get(f"ULA_TUNE_{kernel.upper()}")
-    return tuple(int(x) for x in env.split(",")) if env else defaults
+    """Tile sizes and warps of a kernel: the heuristic defaults, or ULA_TUNE_<KERNEL>="a,b,c,..." (same order;
+    read at import) or set_tuning(kernel, "a,b,c,...") for measurement sweeps (benchmarks/gpu_tile_sweep.py)."""
+    cfg = _TUNING.get(kernel) if _TUNING else None
+    return tuple(int(x) for x in cfg.split(",")) if cfg else defaults
+
+
+def set_tuning(kernel, cfg):
+    """Override a kernel's tile sizes and warps ("a,b,c,..." in the order of its tuned() defaults); None: back
+    to the defaults."""
+    if cfg is None:
+        _TUNING.pop(kernel.lower(), None)
+    else:
+        _TUNING[kernel.lower()] = cfg
+
+
+# Launching through kernel[grid](...) costs the host tens of microseconds per launch in Triton 3.6 (argument
+# binding, cache-key strings, options, hooks), as much as a whole small kernel: a forward+backward of ~10
+# launches was bound by it (benchmarks/gpu_host_profile.py). After the first launch of a configuration, its
+# compiled kernel is launched directly. The key holds everything Triton specializes on and more: the exact value
+# of every integer argument (Triton specializes on ==1, divisibility by 16 and width), dtype and 16-byte
+# alignment of every tensor, the constexprs, warps and device; a new key takes Triton's own path once. (Floats are
+# keyed by value too: Triton does not specialize them, and the few values a model uses give few entries.)
+_LAUNCHES = {}
+_LAUNCH_CACHE_MAX = 4096
+
+
+def launch(kernel, grid, *args, num_warps=4, **constexprs):
+    """kernel[grid](*args, num_warps=num_warps, **constexprs), with the host's cost of a repeated launch cut to a
+    cache lookup. Every runtime argument positionally and in order, every constexpr by name."""
+    hooks = knobs.runtime.launch_enter_hook
+    if INTERPRET or (hooks is not None and getattr(hooks, "calls", True)):  # a profiler's hooks: Triton's path
+        kernel[grid](*args, num_warps=num_warps, **constexprs)
+        return
+    dev = torch.cuda.current_device()
+    # tensors by dtype and alignment, numbers by value (the kernel by id: its own hash takes a lock)
+    key = (id(kernel), dev, num_warps, *constexprs.values(),
+           *[(a.dtype, a.data_ptr() & 15 == 0) if isinstance(a, Tensor) else a for a in args])
+    hit = _LAUNCHES.get(key)
+    if hit is None:
+        compiled = kernel[grid](*args, num_warps=num_warps, **constexprs)
+        if hasattr(compiled, "result"):
+            compiled = compiled.result()
+        names = kernel.arg_names[len(args):]
+        if len(_LAUNCHES) >= _LAUNCH_CACHE_MAX:
+            _LAUNCHES.clear()
+        _LAUNCHES[key] = (compiled.run, compiled.function, compiled.packed_metadata, names)
+        return
+    run, function, meta, names = hit
+    tail = tuple(constexprs[n] for n in names)
+    g = tuple(grid) + (1, 1)
+    run(g[0], g[1], g[2], _current_stream(dev), function, meta, None, None, None, *args, *tail)
+
+
+def _current_stream(dev):
+    global _current_stream
+    _current_stream = driver.active.get_current_stream  # resolved once (a C function of torch)
+    return _current_stream(dev)
+
