@@ -1,6 +1,7 @@
 """Where the time of one forward+backward goes: GPU time per kernel (torch.profiler), per decay kind.
 
     python3 benchmarks/gpu_profile.py [--kinds none,constant,scalar,vector] [--shape 2,8192,16,128,128]
+(kinds may also name ops of ula.bench.families: gla, mlstm_exp, normalized, gsa, ...)
 
 Prints, for each kind, the median f+b time and a table of kernels (calls, total ms over 5 iterations / 5)."""
 import argparse
@@ -13,6 +14,7 @@ import torch
 import triton
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+from ula.bench import families  # noqa: E402
 from ula.bench.measure import forward_backward, measure, ours  # noqa: E402
 
 
@@ -63,7 +65,11 @@ def main():
     print(json.dumps(dict(device=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
                           shape=shape, env={k: v for k, v in os.environ.items() if k.startswith("ULA_")})))
     for kind in a.kinds.split(","):
-        fn, args = ours(kind, *shape, C=a.chunk)
+        if kind not in families.CORE_KINDS:  # an op of ula.ops (ula.bench.families)
+            fn, args = families.as_args(families.ours(kind, a.chunk), families.make(kind, *shape, "cuda",
+                                                                                   torch.bfloat16))
+        else:
+            fn, args = ours(kind, *shape, C=a.chunk)
         t, rows, fb = profile(fn, args)
         _, _, peak = measure(fn, args)
         print(f"== {kind} chunk {a.chunk or 'auto'}: f+b {t:.3f} ms (median), peak {peak:.0f} MiB; "

@@ -1,5 +1,5 @@
 """Sweep of the Triton kernels' tile sizes and warps (ULA_TUNE_<KERNEL>, see ula/core/triton/utils.py):
-forward and forward+backward median ms per configuration, bf16, B=2 T=8192 H=16 K=V=128.
+forward and forward+backward median ms per configuration, bf16, B=2 T=8192 H=16 K=V=128 (or SHAPE="B,T,H,K,V").
 
     python3 benchmarks/gpu_tile_sweep.py [vector,vector_c128,none,none_state]   # writes $OUT/tile_sweep.json
 
@@ -15,7 +15,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 from gpu_core_vs_peers import measure, ours  # noqa: E402
 from ula.core.triton.utils import set_tuning  # noqa: E402
 
-SHAPE = (2, 8192, 16, 128, 128)
+SHAPE = tuple(int(x) for x in os.environ.get("SHAPE", "2,8192,16,128,128").split(","))
 # name -> (decay kind, kernel whose tiles vary, configurations "BT,BK,BV,warps", chunk size or None)
 SWEEP = {
     "vector": ("vector", "OUTPUT_VEC", ["16,32,64,4", "32,32,64,4", "32,64,64,4", "64,32,64,4", "64,32,64,8",
@@ -23,6 +23,9 @@ SWEEP = {
     "vector_c128": ("vector", "OUTPUT_VEC", ["16,32,64,4", "32,32,64,4", "64,32,64,8"], 128),
     "none": ("none", "OUTPUT", ["64,64,64,4", "64,64,128,8", "128,64,64,8", "64,128,64,8", "32,64,64,4",
                                 "64,64,64,8"], None),
+    "constant_state": ("constant", "STATE", ["128,64,64,4", "128,64,32,4", "128,32,64,4", "128,32,32,4",
+                                             "64,64,32,4", "128,64,64,8"], None),
+    "scalar_state": ("scalar", "STATE", ["128,64,64,4", "128,64,32,4", "128,32,32,4", "128,64,64,8"], None),
     "none_state": ("none", "STATE", ["64,64,64,4", "64,64,128,8", "64,128,64,8", "128,64,64,8", "32,64,64,4",
                                      "64,32,64,4", "64,64,32,4"], None),
 }

@@ -93,7 +93,7 @@ class Mixer(nn.Module):
     attention overrides them with a KV cache of a maximum length."""
 
     backend = "auto"
-    chunk_size = 64
+    chunk_size = None  # the backend's measured choice
     context_parallel = False  # True where the layer's op takes a cp_group (see set_cp_group)
     cp_group = None
 

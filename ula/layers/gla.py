@@ -25,7 +25,7 @@ class GLALayer(Mixer):
 
     def __init__(self, d_model, n_heads=4, *, expand_k=0.5, expand_v=1.0, gate_rank=16, tau=16.0,
                  norm="layernorm", norm_eps=1e-5, scale=None, rgate_bias_init=2.0, fgate_bias_init=4.0,
-                 chunk_size=64, backend="auto"):
+                 chunk_size=None, backend="auto"):
         super().__init__()
         self.d_model, self.n_heads, self.tau = d_model, n_heads, float(tau)
         self.d_k, self.d_v = int(d_model * expand_k), int(d_model * expand_v)

@@ -23,7 +23,7 @@ from ._base import Mixer, RMSNorm, check_divisible, merge_heads, split_heads, sw
 
 class GSALayer(Mixer):
     def __init__(self, d_model, n_heads=4, *, num_slots=64, tau=8.0, norm_eps=1e-6, scale=None,
-                 fgate_bias_init=3.0, chunk_size=64, backend="auto"):
+                 fgate_bias_init=3.0, chunk_size=None, backend="auto"):
         super().__init__()
         check_divisible("d_model", d_model, n_heads)
         self.d_model, self.n_heads, self.num_slots, self.tau = d_model, n_heads, num_slots, float(tau)

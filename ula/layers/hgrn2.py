@@ -16,7 +16,7 @@ from ._base import Mixer, check_divisible, head_norm, merge_heads, split_heads, 
 
 class HGRN2Layer(Mixer):
     def __init__(self, d_model, n_heads=4, *, expand_k=0.5, lower_bound=0.0, norm="rmsnorm", norm_eps=1e-6,
-                 scale=1.0, chunk_size=64, backend="auto"):
+                 scale=1.0, chunk_size=None, backend="auto"):
         super().__init__()
         self.d_model, self.n_heads, self.d_k = d_model, n_heads, int(d_model * expand_k)
         check_divisible("d_k", self.d_k, n_heads)

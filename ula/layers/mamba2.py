@@ -18,7 +18,7 @@ from ._base import Mixer, RMSNorm, check_divisible, merge_heads, split_heads, sw
 
 class Mamba2Layer(Mixer):
     def __init__(self, d_model, n_heads=4, *, expand=2, d_state=64, dt_min=1e-3, dt_max=0.1, A_init=(1.0, 16.0),
-                 norm_eps=1e-6, chunk_size=64, backend="auto"):
+                 norm_eps=1e-6, chunk_size=None, backend="auto"):
         super().__init__()
         self.d_model, self.n_heads, self.d_state = d_model, n_heads, d_state
         self.d_inner = int(expand * d_model)

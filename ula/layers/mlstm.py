@@ -20,7 +20,7 @@ class MLSTMLayer(Mixer):
 
     def __init__(self, d_model, n_heads=4, *, variant="exp", expand_v=1.0, qk_ratio=0.5, gate_softcap=15.0,
                  igate_bias_init=-10.0, fgate_bias_init=(3.0, 6.0), norm="layernorm", norm_eps=1e-6, eps=1e-6,
-                 chunk_size=64, backend="auto"):
+                 chunk_size=None, backend="auto"):
         super().__init__()
         if variant not in ("exp", "sig"):
             raise ValueError(f"variant must be 'exp' or 'sig', got {variant!r}")

@@ -15,7 +15,7 @@ from ._base import Mixer, check_divisible, head_norm, merge_heads, split_heads, 
 
 class RetNetLayer(Mixer):
     def __init__(self, d_model, n_heads=4, *, expand_v=1.0, learn_decay=False, norm="rmsnorm", norm_eps=1e-6,
-                 scale=None, chunk_size=64, backend="auto"):
+                 scale=None, chunk_size=None, backend="auto"):
         super().__init__()
         self.d_model, self.n_heads, self.d_v = d_model, n_heads, int(d_model * expand_v)
         check_divisible("d_model", d_model, n_heads)

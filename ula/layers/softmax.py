@@ -28,7 +28,7 @@ def rope(x, pos, base):
 
 
 class SoftmaxAttentionLayer(Mixer):
-    def __init__(self, d_model, n_heads=4, *, rope_base=10000.0, use_rope=True, chunk_size=64, backend="auto"):
+    def __init__(self, d_model, n_heads=4, *, rope_base=10000.0, use_rope=True, chunk_size=None, backend="auto"):
         super().__init__()
         check_divisible("d_model", d_model, n_heads)
         self.d_model, self.n_heads, self.rope_base, self.use_rope = d_model, n_heads, rope_base, use_rope

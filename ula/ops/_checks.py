@@ -13,7 +13,7 @@ def _desc(x):
     return f"shape {tuple(x.shape)}, dtype {x.dtype}"
 
 
-def check_sequence(q, k, v, cu_seqlens=None, chunk_size=64, backend="auto", scale=None):
+def check_sequence(q, k, v, cu_seqlens=None, chunk_size=None, backend="auto", scale=None):
     """q, k [B, T, H, K], v [B, T, H, V], cu_seqlens, chunk_size, backend, scale: the core's own checks, run
     on the arguments as the user gave them (before any augmentation), so messages show the user's shapes."""
     check_linear_attention(q, k, v, None, None, scale, None, cu_seqlens, chunk_size, backend)

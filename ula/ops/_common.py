@@ -81,3 +81,9 @@ class PackedLayout:
         if self.cu is None:
             return x[:, -1]
         return x[torch.arange(self.N, device=x.device), self.lens - 1]
+
+
+def with_ones_column(v):
+    """v' = [v, 1]: a normalizer carried as one more value column (mLSTMexp, normalized linear attention).
+    (Padding v' to 8-aligned rows was measured on an H100 and did not help: benchmarks/RESULTS.md, session 4.)"""
+    return torch.cat([v, torch.ones_like(v[..., :1])], -1)

@@ -20,7 +20,7 @@ from ._common import _step, decay_dtype
 
 
 def linear_attn(q, k, v, *, scale=None, initial_state=None, output_final_state=False, cu_seqlens=None,
-                chunk_size=64, backend="auto"):
+                chunk_size=None, backend="auto"):
     """Plain (unnormalized) causal linear attention: S_t = S_{t-1} + k_t v_tᵀ, o_t = scale · S_tᵀ q_t."""
     check_sequence(q, k, v, cu_seqlens, chunk_size, backend, scale)
     return linear_attention(q, k, v, scale=scale, initial_state=initial_state,
@@ -36,7 +36,7 @@ def retnet_log_decay(H, device=None):
 
 
 def retention(q, k, v, ld=None, *, scale=None, initial_state=None, output_final_state=False, cu_seqlens=None,
-              chunk_size=64, backend="auto"):
+              chunk_size=None, backend="auto"):
     """Constant decay per head (RetNet, TNL): S_t = λ S_{t-1} + k_t v_tᵀ, o_t = scale · S_tᵀ q_t.
     ld = log λ [H] (<= 0; learnable: its gradient is returned); None uses RetNet's 1 − 2^(−5−h)."""
     check_sequence(q, k, v, cu_seqlens, chunk_size, backend, scale)
@@ -60,7 +60,7 @@ def _mamba2_inputs(k, dt, A):
 
 
 def mamba2(q, k, v, dt, A, *, scale=1.0, initial_state=None, output_final_state=False, cu_seqlens=None,
-           chunk_size=64, backend="auto"):
+           chunk_size=None, backend="auto"):
     """Mamba2-style scalar decay (SSD): h_t = exp(Δ_t A) h_{t-1} + Δ_t B_t x_tᵀ, y_t = h_tᵀ C_t,
     with q = C, k = B, v = x. dt = Δ [B, T, H] (>= 0, already through softplus), A [H] (< 0).
     scale defaults to 1 (Mamba2 has none). The D·x skip connection is left to the layer."""
@@ -73,7 +73,7 @@ def mamba2(q, k, v, dt, A, *, scale=1.0, initial_state=None, output_final_state=
 
 
 def hgrn2(q, v, g, *, scale=1.0, initial_state=None, output_final_state=False, cu_seqlens=None,
-          chunk_size=64, backend="auto"):
+          chunk_size=None, backend="auto"):
     """HGRN2: S_t = Diag(λ_t) S_{t-1} + (1 − λ_t) v_tᵀ, o_t = scale · S_tᵀ q_t, with g = log λ_t
     [B, T, H, K] (<= 0) and the key tied to the forget gate, k = 1 − λ (computed as −expm1(g)).
     scale defaults to 1."""

@@ -10,7 +10,7 @@ from ._common import _step, decay_dtype
 
 
 def gla(q, k, v, g, *, scale=None, initial_state=None, output_final_state=False, cu_seqlens=None,
-        chunk_size=64, backend="auto", cp_group=None):
+        chunk_size=None, backend="auto", cp_group=None):
     """q, k [B, T, H, K]; v [B, T, H, V]; g [B, T, H, K] log forget gate (<= 0).
     cp_group: context parallelism over a torch.distributed group (see ula/core/context_parallel.py).
     scale defaults to K ** -0.5. States [B, H, K, V] float32 ([N, H, K, V] with cu_seqlens).

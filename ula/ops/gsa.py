@@ -65,7 +65,7 @@ def _split(state):
 
 
 def gsa(q, k, v, s=None, g=None, *, scale=None, initial_state=None, output_final_state=False, cu_seqlens=None,
-        chunk_size=64, backend="auto"):
+        chunk_size=None, backend="auto"):
     """Gated Slot Attention (see the module docstring). q, k [B, T, H, K]; v [B, T, H, V];
     s, g [B, T, H, m]. States (K̃ᵀ [B, H, K, m], Ṽ [B, H, m, V]) float32 ([N, ...] with cu_seqlens).
     Returns (o [B, T, H, V], final state tuple or None)."""
@@ -99,7 +99,7 @@ def _gsa_step(q, k, v, s, g, state, scale):
     return o, (S1, S2)
 
 
-def abc(q, k, v, w, *, scale=None, initial_state=None, output_final_state=False, cu_seqlens=None, chunk_size=64,
+def abc(q, k, v, w, *, scale=None, initial_state=None, output_final_state=False, cu_seqlens=None, chunk_size=None,
         backend="auto"):
     """ABC with the paper's write strengths (Eq. 3-4): φ_t = exp(w_t) / Σ_{j<=t} exp(w_j) per slot, from slot
     logits w [B, T, H, m], then `gsa(q, k, v, s=φ, g=None)`. The cumulative softmax restarts with each

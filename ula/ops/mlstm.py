@@ -42,7 +42,7 @@ import torch.nn.functional as F
 from ..core import linear_attention
 from ..core.time_scan import scan_time
 from ._checks import check_float, check_sequence, check_state_tuple, check_step_qkv, num_sequences
-from ._common import PackedLayout, _step, decay_dtype, state_dtype
+from ._common import PackedLayout, _step, decay_dtype, state_dtype, with_ones_column
 
 VARIANTS = ("exp", "sig")
 
@@ -121,7 +121,7 @@ def _check_inputs(q, k, v, i, f, variant, initial_state, cu_seqlens, chunk_size,
 
 
 def mlstm(q, k, v, i, f, variant="exp", *, eps=1e-6, scale=None, initial_state=None, output_final_state=False,
-          cu_seqlens=None, chunk_size=64, backend="auto", cp_group=None):
+          cu_seqlens=None, chunk_size=None, backend="auto", cp_group=None):
     """The mLSTM cell (paper 003) on the core; see the module docstring for the equations.
     cp_group: context parallelism over a torch.distributed group, each rank passing its contiguous slice of T
     (cu_seqlens global; see ula/core/context_parallel.py), both variants ("exp": see `_mlstm_exp_cp`).
@@ -158,18 +158,19 @@ def _exp_run(q, k, v, ldp, logw, m, mT, initial_state, eps, kw, anchor=None):
         ks = tie(k * logw.exp().unsqueeze(-1).to(k.dtype), anchor)
     else:  # exp(ĩ − m̂) as a key gate, applied by the kernels as they read k
         ks, gate = k, logw.to(decay_dtype(q))
-    va = torch.cat([v, torch.ones_like(v[..., :1])], -1)
+    V = v.shape[-1]
+    va = with_ones_column(v)
     S0 = None
     if initial_state is not None:
         C0, n0, m0 = initial_state
         S0 = torch.cat([C0, n0.unsqueeze(-1)], -1) * _one(m0.double()).to(C0.dtype)[..., None, None]
     o, S = linear_attention(q, ks, va, ldp.to(decay_dtype(q)), initial_state=S0, key_gate=gate, **kw)
     o = o * _one(-m).unsqueeze(-1).to(o.dtype)  # exp(m̂ - m)
-    h = o[..., :-1] / _denominator(o[..., -1:], m.unsqueeze(-1), eps)
+    h = o[..., :V] / _denominator(o[..., V:], m.unsqueeze(-1), eps)
     if S is None:
         return h, None
     S = S * _one(-mT).to(S.dtype)[..., None, None]  # exp(m̂_T - m_T): the state is [C̄ | n̄] exp(-m_T)
-    return h, (S[..., :-1], S[..., -1], mT.to(S.dtype))
+    return h, (S[..., :V], S[..., V], mT.to(S.dtype))
 
 
 def _mlstm_exp_cp(q, k, v, i, f, eps, initial_state, group, kw):

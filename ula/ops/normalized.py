@@ -24,18 +24,21 @@ import torch.nn.functional as F
 from ..core import linear_attention
 from ..core.time_scan import scan_time
 from ._checks import check_sequence, check_step_qkv, check_step_state, num_sequences
-from ._common import PackedLayout, _step, decay_dtype
+from ._common import PackedLayout, _step, decay_dtype, with_ones_column
 
 
 def _coef(name, x, like):
-    """a or b (float or tensor of shape [] or [H]) -> broadcastable to [..., H, 1] in like's dtype."""
+    """a or b (float or tensor of shape [] or [H]) -> a float, or a tensor broadcastable to [..., H, 1] in like's
+    dtype."""
     H = like.shape[-2]
     if isinstance(x, bool) or not isinstance(x, (int, float, torch.Tensor)):
         raise TypeError(f"normalized_linear_attention: {name} must be a float, a 0-d tensor or an [H] tensor "
                         f"with H = {H}, got {type(x).__name__}")
     if isinstance(x, torch.Tensor) and not x.is_floating_point():
         raise TypeError(f"normalized_linear_attention: {name} must be a floating-point tensor, got {x.dtype}")
-    x = torch.as_tensor(x, dtype=like.dtype, device=like.device)
+    if not isinstance(x, torch.Tensor):  # a number stays a number (a tensor made from it would be a blocking copy)
+        return float(x)
+    x = x.to(device=like.device, dtype=like.dtype)
     if x.dim() == 0:
         return x.view(1)
     if x.dim() != 1 or x.shape[0] != H:
@@ -45,17 +48,19 @@ def _coef(name, x, like):
 
 
 def _parts(q, k, v, a, b, qk_l2_norm):
-    """(b q, k, v' = [v, 1], a) after the optional L2 normalization; a, b broadcastable to [..., H, 1]."""
+    """(b q, k, v' = [v, 1], a) after the optional L2 normalization; a, b floats
+    or broadcastable to [..., H, 1]."""
     a, b = _coef("a", a, q), _coef("b", b, q)
     if qk_l2_norm:
         q, k = F.normalize(q, dim=-1), F.normalize(k, dim=-1)
-    return b * q, k, torch.cat([v, torch.ones_like(v[..., :1])], -1), a
+    return (q if isinstance(b, float) and b == 1.0 else b * q), k, with_ones_column(v), a
 
 
 def _augment(q, k, v, a, b, qk_l2_norm):
     """q' = [b q, a], k' = [k, 1], v' = [v, 1] (the one-step form)."""
     qb, k, va, a = _parts(q, k, v, a, b, qk_l2_norm)
-    qa = torch.cat([qb, a.expand(*qb.shape[:-1], 1)], -1)
+    a = qb.new_full((*qb.shape[:-1], 1), a) if isinstance(a, float) else a.expand(*qb.shape[:-1], 1)
+    qa = torch.cat([qb, a], -1)
     ka = torch.cat([k, torch.ones_like(k[..., :1])], -1)
     return qa, ka, va
 
@@ -67,7 +72,7 @@ def _divide(o, eps):
 
 
 def normalized_linear_attention(q, k, v, a=1.0, b=1.0, *, qk_l2_norm=True, eps=1e-6, initial_state=None,
-                                output_final_state=False, cu_seqlens=None, chunk_size=64, backend="auto"):
+                                output_final_state=False, cu_seqlens=None, chunk_size=None, backend="auto"):
     """Causal linear attention with kernel a + b x and normalization (paper 001, Eq. 4 and 22).
 
     q, k [B, T, H, K]; v [B, T, H, V]; a, b floats or tensors ([] or [H], learnable: gradients flow).
@@ -79,19 +84,20 @@ def normalized_linear_attention(q, k, v, a=1.0, b=1.0, *, qk_l2_norm=True, eps=1
         check_step_state("normalized_linear_attention", initial_state, (N, H, K + 1, v.shape[-1] + 1),
                          "[B, H, K + 1, V + 1] ([N, ...] with cu_seqlens)", name="initial_state")
     qb, k, va, a = _parts(q, k, v, a, b, qk_l2_norm)
-    K = k.shape[-1]
+    K, V1 = k.shape[-1], v.shape[-1] + 1
     S0 = initial_state
-    o, S = linear_attention(qb, k, va, scale=1.0, initial_state=None if S0 is None else S0[:, :, :K].contiguous(),
-                            output_final_state=output_final_state, cu_seqlens=cu_seqlens,
-                            chunk_size=chunk_size, backend=backend)
+    h0 = None if S0 is None else S0[:, :, :K].contiguous()
+    o, S = linear_attention(qb, k, va, scale=1.0, initial_state=h0, output_final_state=output_final_state,
+                            cu_seqlens=cu_seqlens, chunk_size=chunk_size, backend=backend)
     # the a part: a · (z0 + Σ_{n<=i} v'_n) per sequence, z0 the last row of the initial state
     lay = PackedLayout(cu_seqlens, q.shape[1], q.device)
-    z = scan_time(lay.pad(va.to(decay_dtype(q))), lambda y: y.cumsum(-1))  # [N, L, H, V+1]
+    z = scan_time(lay.pad(va[..., :V1].to(decay_dtype(q))), lambda y: y.cumsum(-1))  # [N, L, H, V+1]
     if S0 is not None:
         z = z + S0[:, :, K].to(z.dtype).unsqueeze(1)
-    out = _divide(o.to(z.dtype) + a.to(z.dtype) * lay.unpad(z), eps).to(v.dtype)
+    a = a if isinstance(a, float) else a.to(z.dtype)
+    out = _divide(o[..., :V1].to(z.dtype) + a * lay.unpad(z), eps).to(v.dtype)
     if S is not None:
-        S = torch.cat([S, lay.last_of(z).to(S.dtype).unsqueeze(2)], 2)
+        S = torch.cat([S[..., :V1], lay.last_of(z).to(S.dtype).unsqueeze(2)], 2)
     return out, S
 
 

@@ -7,32 +7,91 @@ import torch
 import triton
 import triton.language as tl
 
-from .utils import alloc, block, cdiv, launch, mm, operand, tuned
+from .utils import alloc, block, cdiv, is_tuned, launch, mm, multiprocessors, operand, tuned
 
 
 @triton.jit
-def _rows_into_state(S, r0, ce, k_base, v_base, b_base, c_base, u_base, b_end, c_end, kc, vc, mk, mv, K, V, H, scale,
-                     DB: tl.constexpr, BT: tl.constexpr, HAS_B: tl.constexpr, HAS_C: tl.constexpr, GATE: tl.constexpr,
-                     DOT: tl.constexpr):
-    """S + scale (k decayed to the chunk's end, times exp(u) with a key gate)ᵀ (v decayed to the chunk's end) over
-    rows r0 .. r0 + BT (before ce)."""
+def _row_factor(r0, ce, ok, b_base, u_base, b_end, kc, mk, H, DB: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
+                HAS_B: tl.constexpr, GATE: tl.constexpr):
+    """The factor of k on rows r0 .. r0 + BT (before ce, none unless ok): exp(b_end - b_j) (the decay to the chunk's
+    end) times exp(u_j) with a key gate; [BT, BK] for decays per feature, else [BT]."""
+    rows = r0 + tl.arange(0, BT)
+    mr = (rows < ce) & ok
+    r64 = rows.to(tl.int64) * H
+    if DB > 1:
+        f = tl.zeros([BT, BK], dtype=tl.float32)
+        if HAS_B:
+            f += b_end[None, :] - tl.load(b_base + r64[:, None] * DB + kc[None, :], mask=mr[:, None] & mk[None, :],
+                                          other=0.0)
+        if GATE:
+            f += tl.load(u_base + r64, mask=mr, other=0.0).to(tl.float32)[:, None]
+        return tl.exp(tl.where(mr[:, None], f, float("-inf")))
+    else:
+        f = tl.zeros([BT], dtype=tl.float32)
+        if HAS_B:
+            f += b_end - tl.load(b_base + r64 * DB, mask=mr, other=0.0)
+        if GATE:
+            f += tl.load(u_base + r64, mask=mr, other=0.0).to(tl.float32)
+        return tl.exp(tl.where(mr, f, float("-inf")))
+
+
+@triton.jit
+def _chunk_span(it, nc, bos, eos, C: tl.constexpr, REVERSE: tl.constexpr):
+    """Step `it` of the walk over a sequence's nc chunks: the chunk's index, first step, end (exclusive) and the
+    step whose cumulative decay the state takes (the chunk's last going forward, its first in reverse)."""
+    if REVERSE:
+        idx = nc - 1 - it
+    else:
+        idx = it
+    cs = bos + idx * C
+    ce = tl.minimum(cs + C, eos)
+    if REVERSE:
+        e_row = cs
+    else:
+        e_row = ce - 1
+    return idx, cs, ce, e_row
+
+
+@triton.jit
+def _chunk_factors(it, nc, bos, eos, b_base, u_base, kc, mk, H, DB: tl.constexpr, C: tl.constexpr, NB: tl.constexpr,
+                   BT: tl.constexpr, BK: tl.constexpr, HAS_B: tl.constexpr, GATE: tl.constexpr, REVERSE: tl.constexpr):
+    """Step `it` of the walk over chunks (nothing past the last): the chunk-end log decay b_end that the state
+    takes, and the factors of k of its (up to two) row blocks."""
+    ok = it < nc
+    idx, cs, ce, e_row = _chunk_span(it, nc, bos, eos, C, REVERSE)
+    if HAS_B:
+        if DB > 1:
+            b_end = tl.load(b_base + e_row.to(tl.int64) * H * DB + kc, mask=mk & ok, other=0.0)
+        else:
+            b_end = tl.load(b_base + e_row.to(tl.int64) * H * DB, mask=ok, other=0.0)
+    else:
+        b_end = 0.0
+    f0 = _row_factor(cs, ce, ok, b_base, u_base, b_end, kc, mk, H, DB, BT, BK, HAS_B, GATE)
+    if NB == 2:
+        f1 = _row_factor(cs + BT, ce, ok, b_base, u_base, b_end, kc, mk, H, DB, BT, BK, HAS_B, GATE)
+    else:
+        f1 = f0
+    return b_end, f0, f1
+
+
+@triton.jit
+def _rows_into_state(S, r0, ce, k_base, v_base, c_base, c_end, f, kc, vc, mk, mv, K, V, H, scale, DB: tl.constexpr,
+                     BT: tl.constexpr, HAS_F: tl.constexpr, HAS_C: tl.constexpr, DOT: tl.constexpr):
+    """S + scale (f ⊙ k)ᵀ (v decayed to the chunk's end) over rows r0 .. r0 + BT (before ce); f: the rows' factor
+    of k (_row_factor)."""
     rows = r0 + tl.arange(0, BT)
     mr = rows < ce
     r64 = rows.to(tl.int64) * H
     kt = operand(tl.load(k_base + r64[:, None] * K + kc[None, :], mask=mr[:, None] & mk[None, :], other=0.0), DOT)
     vt = operand(tl.load(v_base + r64[:, None] * V + vc[None, :], mask=mr[:, None] & mv[None, :], other=0.0), DOT)
-    if HAS_B:
+    if HAS_F:
         if DB > 1:
-            bt = tl.load(b_base + r64[:, None] * DB + kc[None, :], mask=mr[:, None] & mk[None, :], other=0.0)
-            kt = kt * tl.exp(tl.where(mr[:, None], b_end[None, :] - bt, float("-inf")))
+            kt = kt * f
         else:
-            bt = tl.load(b_base + r64 * DB, mask=mr, other=0.0)
-            kt = kt * tl.exp(tl.where(mr, b_end - bt, float("-inf")))[:, None]
+            kt = kt * f[:, None]
     if HAS_C:
         ct = tl.load(c_base + r64[:, None] * V + vc[None, :], mask=mr[:, None] & mv[None, :], other=0.0)
         vt = vt * tl.exp(tl.where(mr[:, None], c_end[None, :] - ct, float("-inf")))
-    if GATE:
-        kt = kt * tl.exp(tl.load(u_base + r64, mask=mr, other=0.0).to(tl.float32))[:, None]
     return S + mm(tl.trans(kt), vt, DOT) * scale
 
 
@@ -91,29 +150,34 @@ def _state_kernel(k, v, b, c, u, h0, border, final, partner, X, cu, chunk_offset
     S = tl.zeros([BK, BV], dtype=tl.float32)
     if HAS_H0:
         S += tl.load(h0 + (i_n.to(tl.int64) * H + i_h) * K * V + kv_off, mask=mkv, other=0.0).to(tl.float32)
+    HAS_F: tl.constexpr = HAS_B or GATE
+    # the decays of a chunk are loaded one chunk ahead: a program of this sequential loop has no other warps to
+    # hide a load's latency behind, and it would wait for them every chunk (k and v are pipelined by the compiler)
+    if HAS_F and NB <= 2:
+        nb_end, nf0, nf1 = _chunk_factors(0, nc, bos, eos, b_base, u_base, kc, mk, H, DB, C, NB, BT, BK, HAS_B, GATE,
+                                          REVERSE)
     for it in range(0, nc):
-        if REVERSE:
-            idx = nc - 1 - it
-        else:
-            idx = it
-        cs = bos + idx * C
-        ce = tl.minimum(cs + C, eos)
+        idx, cs, ce, e_row = _chunk_span(it, nc, bos, eos, C, REVERSE)
         if REVERSE:
             tl.store(bord_base + idx.to(tl.int64) * K * V + kv_off, S, mask=mkv)
             if HAS_X:
                 _border_products(S, partner, X, b_base, (chunk0 + idx) * K * V, ((chunk0 + idx) * NVT + i_v) * K,
                                  ce, eos, kv_off, kc, mk, mkv, H, DB, REVERSE)
-            e_row = cs
-        else:
-            e_row = ce - 1
         b_end = 0.0
         c_end = 0.0
-        if HAS_B:
+        if HAS_F and NB <= 2:
+            b_end, f0, f1 = nb_end, nf0, nf1
+            nb_end, nf0, nf1 = _chunk_factors(it + 1, nc, bos, eos, b_base, u_base, kc, mk, H, DB, C, NB, BT, BK,
+                                              HAS_B, GATE, REVERSE)
+        elif HAS_B:
             if DB > 1:
                 b_end = tl.load(b_base + e_row.to(tl.int64) * H * DB + kc, mask=mk, other=0.0)
+            else:
+                b_end = tl.load(b_base + e_row.to(tl.int64) * H * DB)
+        if HAS_B:
+            if DB > 1:
                 S = S * tl.exp(b_end)[:, None]
             else:  # a scalar decay: one value per step, broadcast over K
-                b_end = tl.load(b_base + e_row.to(tl.int64) * H * DB)
                 S = S * tl.exp(b_end)
         if HAS_C:
             c_end = tl.load(c_base + e_row.to(tl.int64) * H * V + vc, mask=mv, other=0.0)
@@ -122,13 +186,23 @@ def _state_kernel(k, v, b, c, u, h0, border, final, partner, X, cu, chunk_offset
         # compiler pipelines the next chunk's loads under this chunk's matmuls; longer chunks loop (unrolled,
         # every block's tiles would stay in shared memory at once)
         if NB <= 2:
-            for sb in tl.static_range(NB):
-                S = _rows_into_state(S, cs + sb * BT, ce, k_base, v_base, b_base, c_base, u_base, b_end, c_end, kc, vc, mk, mv,
-                                     K, V, H, scale, DB, BT, HAS_B, HAS_C, GATE, DOT)
+            if HAS_F:
+                S = _rows_into_state(S, cs, ce, k_base, v_base, c_base, c_end, f0, kc, vc, mk, mv, K, V, H, scale,
+                                     DB, BT, HAS_F, HAS_C, DOT)
+                if NB == 2:
+                    S = _rows_into_state(S, cs + BT, ce, k_base, v_base, c_base, c_end, f1, kc, vc, mk, mv, K, V, H,
+                                         scale, DB, BT, HAS_F, HAS_C, DOT)
+            else:
+                for sb in tl.static_range(NB):
+                    S = _rows_into_state(S, cs + sb * BT, ce, k_base, v_base, c_base, c_end, 0.0, kc, vc, mk, mv, K,
+                                         V, H, scale, DB, BT, HAS_F, HAS_C, DOT)
         else:
             for sb in range(NB):
-                S = _rows_into_state(S, cs + sb * BT, ce, k_base, v_base, b_base, c_base, u_base, b_end, c_end, kc, vc, mk, mv,
-                                     K, V, H, scale, DB, BT, HAS_B, HAS_C, GATE, DOT)
+                f = 0.0
+                if HAS_F:
+                    f = _row_factor(cs + sb * BT, ce, True, b_base, u_base, b_end, kc, mk, H, DB, BT, BK, HAS_B, GATE)
+                S = _rows_into_state(S, cs + sb * BT, ce, k_base, v_base, c_base, c_end, f, kc, vc, mk, mv, K, V, H,
+                                     scale, DB, BT, HAS_F, HAS_C, DOT)
         if not REVERSE:
             tl.store(bord_base + idx.to(tl.int64) * K * V + kv_off, S, mask=mkv)
             if HAS_X:
@@ -151,6 +225,11 @@ def chunk_states(k, v, b, c, h0, layout, reverse, dot, state_dtype=torch.float32
     final = alloc((N, H, K, V), k.device)
     BT, BK, BV, W = tuned("state", (128, 64, 64, 4))
     BT, BK, BV = min(layout.C, BT), block(K, BK), block(V, BV)
+    # few sequences x heads leave most multiprocessors idle in this sequential kernel: narrower K tiles give
+    # twice the programs (B=1 T=65536 H=16 on an H100: constant decay f+b 5.39 -> 4.86 ms,
+    # benchmarks/results/tile_sweep_h100_b1t65536.json)
+    if 2 * N * H * cdiv(K, BK) * cdiv(V, BV) <= multiprocessors(k.device) and BK > 32 and not is_tuned("state"):
+        BK = 32
     NVT = cdiv(V, BV)
     X = alloc((B, H, layout.n, NVT, K), k.device) if partner is not None else None
     DB = b.shape[-1] if b is not None else 1

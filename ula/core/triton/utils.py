@@ -110,6 +110,24 @@ def tuned(kernel, defaults):
     return tuple(int(x) for x in cfg.split(",")) if cfg else defaults
 
 
+def is_tuned(kernel):
+    """Whether a kernel's tiles are set by hand (ULA_TUNE_* or set_tuning): heuristics then leave them alone."""
+    return bool(_TUNING) and kernel.lower() in _TUNING
+
+
+_SMS = {}
+
+
+def multiprocessors(device):
+    """Number of streaming multiprocessors of a CUDA device (132 on an H100 SXM); 0 elsewhere."""
+    if device.type != "cuda":
+        return 0
+    n = _SMS.get(device.index)
+    if n is None:
+        n = _SMS[device.index] = torch.cuda.get_device_properties(device).multi_processor_count
+    return n
+
+
 def set_tuning(kernel, cfg):
     """Override a kernel's tile sizes and warps ("a,b,c,..." in the order of its tuned() defaults); None: back
     to the defaults."""
