@@ -1,3 +1,7 @@
+"""GPU time of each output-kernel call in one forward+backward of a family op (synchronized around each call),
+with the widths of its q, k, v roles and the dtypes: finds which pass of which op is slow.
+
+    PYTHONPATH=. python3 benchmarks/probe_output_calls.py"""
 import torch, ula, time
 import ula.core.triton.output as O, ula.core.triton.chunk as Ch, ula.core.triton.backward as Bw
 from ula.bench import families as fam
