@@ -105,4 +105,3 @@ def forward_backward(fn, args, warm=3):
     for _ in range(warm):
         fb()
     return fb
-

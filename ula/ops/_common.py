@@ -84,6 +84,7 @@ class PackedLayout:
 
 
 def with_ones_column(v):
-    """v' = [v, 1]: a normalizer carried as one more value column (mLSTMexp, normalized linear attention).
+    """[v, 1] along the last dim: a normalizer carried as one more value column (mLSTMexp, normalized linear
+    attention), or the key's constant feature of normalized attention's one-step form.
     (Padding v' to 8-aligned rows was measured on an H100 and did not help: benchmarks/RESULTS.md, session 4.)"""
     return torch.cat([v, torch.ones_like(v[..., :1])], -1)

@@ -275,7 +275,7 @@ def mlstm_step(q, k, v, i, f, state=None, variant="exp", *, eps=1e-6, scale=None
     ld = _straight_through_nonpositive(lf + (m0 - m).detach())
     logw = _straight_through_nonpositive(i.double() - m.detach())
     ks = k * logw.exp().unsqueeze(-1).to(k.dtype)
-    va = torch.cat([v, torch.ones_like(v[..., :1])], -1)
+    va = with_ones_column(v)
     S0 = torch.cat([C0, n0.unsqueeze(-1)], -1) * _one(m0).to(C0.dtype)[..., None, None]
     o, S = _step(q, ks, va, ld.to(dt), None, S0, scale)
     o = o * _one(-m).unsqueeze(-1).to(o.dtype)  # exp(m̂ - m)

@@ -61,7 +61,7 @@ def _augment(q, k, v, a, b, qk_l2_norm):
     qb, k, va, a = _parts(q, k, v, a, b, qk_l2_norm)
     a = qb.new_full((*qb.shape[:-1], 1), a) if isinstance(a, float) else a.expand(*qb.shape[:-1], 1)
     qa = torch.cat([qb, a], -1)
-    ka = torch.cat([k, torch.ones_like(k[..., :1])], -1)
+    ka = with_ones_column(k)
     return qa, ka, va
 
 

@@ -59,6 +59,6 @@ def chunk_cumsum(g, layout, reverse):
     BD = block(D, 32, lo=1)
     grid = (layout.n, cdiv(D, BD), Bg * H)
     launch(_cumsum_kernel, grid, g, out, layout.cu, layout.chunk_seq, layout.chunk_start, T, H, D, *g.stride(),
-                         C=C, BR=BR, BD=BD, REVERSE=reverse, VARLEN=layout.varlen,
-                         FLOOR=LOG_DECAY_FLOOR)
+           C=C, BR=BR, BD=BD, REVERSE=reverse, VARLEN=layout.varlen,
+           FLOOR=LOG_DECAY_FLOOR)
     return out

@@ -88,8 +88,8 @@ def decay_grad_from_terms(db, X, sign, shape, T, C, n, bounds=None, g_mask=None,
     starts, ends = bounds if bounds is not None else (X, X)
     grid = (n, cdiv(D, BD), B * H)
     launch(_decay_grad_kernel, grid, db, X, g, out, starts, ends, T, H, D, DP, n, P, X.shape[3], B * T * H * DP, *sg,
-                             float(sign), float(floor), C=C, BR=BR, BD=BD, BDP=block(DP, 256, lo=1), SUM_D=sum_d,
-                             BOUNDS=bounds is not None, HAS_MASK=has_mask)
+           float(sign), float(floor), C=C, BR=BR, BD=BD, BDP=block(DP, 256, lo=1), SUM_D=sum_d,
+           BOUNDS=bounds is not None, HAS_MASK=has_mask)
     return out.sum((0, 1)) if len(shape) == 1 else out
 
 

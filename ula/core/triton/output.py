@@ -353,18 +353,18 @@ def chunk_output(q, k, v, b, c, border, h0, scale, layout, reverse, dot, out_dty
     s_sk, s_sv = (1, K) if state_transposed else (V, 1)
     grid = (layout.n * (C // BT), cdiv(V, BV), B * H)  # axes 1 and 2 stop at 65535
     launch(_output_kernel, grid, q, k, v, b if b is not None else dummy, c if c is not None else dummy,
-                         gate if gate is not None else dummy, border, h0 if h0 is not None else dummy, o, dg_a,
-                         dg_out if dg_out is not None else dummy, du_out if du_out is not None else dummy,
-                         layout.cu, layout.chunk_seq, layout.chunk_start, T, H, K, V, layout.n,
-                         (b.stride(0) if b is not None and b.shape[0] > 1 else 0),
-                         (c.stride(0) if c is not None and c.shape[0] > 1 else 0), s_sk, s_sv, float(scale),
-                         float(scale if scale_intra is None else scale_intra), float(dg_coef), B * T * H,
-                         DB=b.shape[-1] if b is not None else 1, C=C, NRB=C // BT, BT=BT, BK=BK, BV=BV,
-                         HAS_B=b is not None, HAS_C=c is not None, VEC=vec, HAS_H0=h0 is not None,
-                         REVERSE=reverse, VARLEN=layout.varlen, DOT=dot, LOG_BT=BT.bit_length() - 1,
-                         DG=dg_mode, DG_ACC=dg_acc, BKF=block(K, 256),
-                         GATE=0 if gate is None else (2 if gate_rows else 1), HAS_DU=du_out is not None,
-                         num_warps=W)
+           gate if gate is not None else dummy, border, h0 if h0 is not None else dummy, o, dg_a,
+           dg_out if dg_out is not None else dummy, du_out if du_out is not None else dummy,
+           layout.cu, layout.chunk_seq, layout.chunk_start, T, H, K, V, layout.n,
+           (b.stride(0) if b is not None and b.shape[0] > 1 else 0),
+           (c.stride(0) if c is not None and c.shape[0] > 1 else 0), s_sk, s_sv, float(scale),
+           float(scale if scale_intra is None else scale_intra), float(dg_coef), B * T * H,
+           DB=b.shape[-1] if b is not None else 1, C=C, NRB=C // BT, BT=BT, BK=BK, BV=BV,
+           HAS_B=b is not None, HAS_C=c is not None, VEC=vec, HAS_H0=h0 is not None,
+           REVERSE=reverse, VARLEN=layout.varlen, DOT=dot, LOG_BT=BT.bit_length() - 1,
+           DG=dg_mode, DG_ACC=dg_acc, BKF=block(K, 256),
+           GATE=0 if gate is None else (2 if gate_rows else 1), HAS_DU=du_out is not None,
+           num_warps=W)
     if dg is None and du_of is None:
         return o
     return o, dg_out, du_out

@@ -236,13 +236,13 @@ def chunk_states(k, v, b, c, h0, layout, reverse, dot, state_dtype=torch.float32
     dummy = border
     grid = (N * H, cdiv(K, BK), NVT)  # axes 1 and 2 stop at 65535
     launch(_state_kernel, grid, k, v, b if b is not None else dummy, c if c is not None else dummy,
-                        gate if gate is not None else dummy, h0 if h0 is not None else dummy, border, final,
-                        partner if partner is not None else dummy, X if X is not None else dummy,
-                        layout.cu, layout.chunk_offset, T, H, K, V, layout.n, NVT,
-                        (b.stride(0) if b is not None and b.shape[0] > 1 else 0),
-                        (c.stride(0) if c is not None and c.shape[0] > 1 else 0), float(scale),
-                        DB=DB, C=layout.C, NB=layout.C // BT, BT=BT, BK=BK, BV=BV, HAS_B=b is not None, HAS_C=c is not None,
-                        HAS_H0=h0 is not None, REVERSE=reverse, VARLEN=layout.varlen, DOT=dot, HAS_X=X is not None,
-                        GATE=gate is not None,
-                        num_warps=W)
+           gate if gate is not None else dummy, h0 if h0 is not None else dummy, border, final,
+           partner if partner is not None else dummy, X if X is not None else dummy,
+           layout.cu, layout.chunk_offset, T, H, K, V, layout.n, NVT,
+           (b.stride(0) if b is not None and b.shape[0] > 1 else 0),
+           (c.stride(0) if c is not None and c.shape[0] > 1 else 0), float(scale),
+           DB=DB, C=layout.C, NB=layout.C // BT, BT=BT, BK=BK, BV=BV, HAS_B=b is not None, HAS_C=c is not None,
+           HAS_H0=h0 is not None, REVERSE=reverse, VARLEN=layout.varlen, DOT=dot, HAS_X=X is not None,
+           GATE=gate is not None,
+           num_warps=W)
     return border, final, X

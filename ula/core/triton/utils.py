@@ -139,7 +139,7 @@ def set_tuning(kernel, cfg):
 
 # Launching through kernel[grid](...) costs the host tens of microseconds per launch in Triton 3.6 (argument
 # binding, cache-key strings, options, hooks), as much as a whole small kernel: a forward+backward of ~10
-# launches was bound by it (benchmarks/gpu_host_profile.py). After the first launch of a configuration, its
+# launches was bound by it (`benchmarks/gpu_profile.py --host`). After the first launch of a configuration, its
 # compiled kernel is launched directly. The key holds everything Triton specializes on and more: the exact value
 # of every integer argument (Triton specializes on ==1, divisibility by 16 and width), dtype and 16-byte
 # alignment of every tensor, the constexprs, warps and device; a new key takes Triton's own path once. (Floats are
@@ -179,4 +179,3 @@ def _current_stream(dev):
     global _current_stream
     _current_stream = driver.active.get_current_stream  # resolved once (a C function of torch)
     return _current_stream(dev)
-
