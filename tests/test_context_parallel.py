@@ -1,6 +1,7 @@
 """Context parallelism (ula/core/context_parallel.py) on CPU: 2 and 4 processes with the gloo backend, each
 holding a contiguous (unequal) slice of T; outputs, final states and all gradients equal the single-process
-`ula.linear_attention` (and gla, mlstm sig / exp) on the whole sequence (float32, relative error <= 1e-5).
+`ula.linear_attention` (and gla, mlstm sig / exp) on the whole sequence: float32 ranks within 1e-5 (relative) of
+one float64 process, or within 10x what one float32 process misses it by where a sum cancels.
 Many cases run inside one spawned group (spawning is the slow part)."""
 import json
 import os
@@ -124,6 +125,14 @@ def _run_case(case, seed, rank, R, group):
     dS = [torch.randn_like(x) for x in S_ref] if S_ref is not None else None
     loss = (o_ref * do).sum() + (sum((x * d).sum() for x, d in zip(S_ref, dS)) if dS is not None else 0)
     loss.backward()
+    # the same single process in float64: the truth, and how far float32 itself is from it (mLSTMexp's dm0 under
+    # extreme gates is a sum that cancels; float32 misses it by up to 5e-1 on one process alone)
+    ref64 = [None if x is None else x.double().requires_grad_() for x in full]
+    o64, S64 = _call(case, *_unflat(ref64), cu, None)
+    loss = (o64 * do.double()).sum()
+    if dS is not None:
+        loss = loss + sum((x * d.double()).sum() for x, d in zip(_states(S64), dS))
+    loss.backward()
     # this rank's slice
     lengths = _slices(R, T)
     s = sum(lengths[:rank])
@@ -150,11 +159,12 @@ def _run_case(case, seed, rank, R, group):
     o_full = torch.zeros_like(o_ref)
     o_full[:, s:e] = o.detach()
     dist.all_reduce(o_full, group=group)
-    errs = {"o": rel(o_full, o_ref)}
+    # (error of the ranks against float64, error of one float32 process against float64)
+    errs = {"o": (rel(o_full, o64), rel(o_ref, o64))}
     if S_ref is not None:
-        for j, (x, r) in enumerate(zip(_states(S), S_ref)):
-            errs[f"final_state{j or ''}"] = rel(x, r)
-    for name, x, r in zip(names, mine, ref):
+        for j, (x, r, r64) in enumerate(zip(_states(S), S_ref, _states(S64))):
+            errs[f"final_state{j or ''}"] = (rel(x, r64), rel(r, r64))
+    for name, x, r, r64 in zip(names, mine, ref, ref64):
         if r is None:
             continue
         g = torch.zeros_like(r)
@@ -165,7 +175,7 @@ def _run_case(case, seed, rank, R, group):
             else:
                 g[:, s:e] = x.grad
         dist.all_reduce(g, group=group)
-        errs["d" + name] = rel(g, r.grad)
+        errs["d" + name] = (rel(g, r64.grad), rel(r.grad, r64.grad))
     return errs
 
 
@@ -247,10 +257,12 @@ def test_context_parallel_equals_single_process(R):
                 if not res["ok"]:
                     bad.append(res["case"])
                 continue
-            # a constant decay's gradient is one sum over B*T steps whose terms cancel (summed over ranks
-            # here): 1e-3 as in tests/test_extreme.py and tests/test_property.py (5.3e-5 seen at 4 ranks)
+            # the ranks may miss the float64 truth by TOL, or by 10x what one float32 process misses it by where
+            # the sum is ill-conditioned; a constant decay's gradient is one sum over B*T steps whose terms
+            # cancel (summed over ranks here): 1e-3 as in tests/test_extreme.py and tests/test_property.py
             tol = {"dld": 1e-3} if res["case"].get("kind") == "constant" else {}
-            over = {k: f"{v:.2e}" for k, v in res["errs"].items() if not v <= tol.get(k, TOL)}
+            over = {k: f"{e:.2e} (one process {e1:.2e})" for k, (e, e1) in res["errs"].items()
+                    if not e <= max(tol.get(k, TOL), 10 * e1)}
             if over:
                 bad.append((res["case"], over))
     assert not bad, f"{R} ranks, seed {seed}: {bad[:6]}"
