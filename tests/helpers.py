@@ -40,10 +40,12 @@ def rel(x, ref):
     return ((x - ref).norm() / ref.norm().clamp_min(1e-30)).item()
 
 
-def compare_with_reference(fn, inputs, *, final=True, **kw):
+def compare_with_reference(fn, inputs, *, final=True, terms=False, **kw):
     """Run `fn` (an op with the signature of ula.linear_attention) and the float64 reference on the same
     inputs and the same random output gradients; return {name: relative error} for o, the final state
-    and the gradient of every input."""
+    and the gradient of every input. With terms=True and a constant decay ([H]) also "dld/terms": the largest error of dld
+    per head over Σ |q⊙dq| + |k⊙dk| (the sizes of the terms that its closed form sums, float64 reference),
+    a measure that does not blow up where those terms cancel and the true gradient is small."""
     names = ("q", "k", "v", "ld", "rd", "initial_state")
     ours = [None if x is None else x.detach().clone().requires_grad_() for x in inputs]
     refs = [None if x is None else x.detach().double().cpu().requires_grad_() for x in inputs]
@@ -65,6 +67,10 @@ def compare_with_reference(fn, inputs, *, final=True, **kw):
         if a is not None:
             assert a.grad is not None, f"no gradient for {name}"
             errs["d" + name] = rel(a.grad, b.grad)
+    if terms and inputs[3] is not None and inputs[3].dim() == 1:
+        q, k, dq, dk = refs[0], refs[1], refs[0].grad, refs[1].grad
+        terms = ((q * dq).abs() + (k * dk).abs()).sum((0, 1, 3)).detach()
+        errs["dld/terms"] = ((ours[3].grad.double().cpu() - refs[3].grad).abs() / terms).max().item()
     return errs
 
 

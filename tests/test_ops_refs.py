@@ -204,10 +204,12 @@ def per_sequence(ref, cu, token_args, other_args, h0=None):
     return torch.cat(outs, 1), S
 
 
-def compare(op, ref, inputs, *, final=True, grad=True):
+def compare(op, ref, inputs, *, final=True, grad=True, ref_float32=False):
     """op(**inputs) -> (o, state) in float32; ref(**inputs in float64) -> (o, state). inputs: name ->
     tensor, tuple of tensors, or a non-tensor. Returns {name: relative error} for o, every state part
-    and the gradient of every floating input (through o and the final state, random cotangents)."""
+    and the gradient of every floating input (through o and the final state, random cotangents).
+    ref_float32: also run ref in float32 on the same cotangents and return (errors, errors of that float32
+    recurrence): how ill-conditioned each quantity is on this draw."""
     def leaf(dt):
         def f(x):
             if isinstance(x, torch.Tensor) and x.is_floating_point():
@@ -215,28 +217,38 @@ def compare(op, ref, inputs, *, final=True, grad=True):
             return x
         return f
 
-    ours = {n: _map(leaf(None), x) for n, x in inputs.items()}
-    refs = {n: _map(leaf(torch.float64), x) for n, x in inputs.items()}
-    o, S = op(**ours)
-    o_r, S_r = ref(**refs)
-    errs = {"o": rel(o, o_r)}
+    def run(fn, dt):
+        leaves = {n: _map(leaf(dt), x) for n, x in inputs.items()}
+        o, S = fn(**leaves)
+        return leaves, o, _flat(S) if final else []
+
+    refs, o_r, S_r = run(ref, torch.float64)
     do = torch.randn_like(o_r)
-    loss, loss_r = (o.double() * do).sum(), (o_r * do).sum()
-    if final:
-        for j, (s, s_r) in enumerate(zip(_flat(S), _flat(S_r))):
-            assert s.shape == s_r.shape, f"state part {j}: {tuple(s.shape)} vs reference {tuple(s_r.shape)}"
-            errs[f"state{j}"] = rel(s, s_r)
-            ds = torch.randn_like(s_r)
-            loss, loss_r = loss + (s.double() * ds).sum(), loss_r + (s_r * ds).sum()
+    dS = [torch.randn_like(s_r) for s_r in S_r]
+    loss_r = (o_r * do).sum() + sum((s_r * ds).sum() for s_r, ds in zip(S_r, dS))
     if grad:
-        loss.backward()
         loss_r.backward()
-        for n in inputs:
-            for j, (a, b) in enumerate(zip(_flat(ours[n]), _flat(refs[n]))):
-                if isinstance(a, torch.Tensor) and a.requires_grad:
-                    assert a.grad is not None, f"no gradient for {n}"
-                    errs[f"d{n}{j if isinstance(ours[n], tuple) else ''}"] = rel(a.grad, b.grad)
-    return errs
+
+    def errors(fn, dt):
+        leaves, o, S = run(fn, dt)
+        errs = {"o": rel(o, o_r)}
+        loss = (o.double() * do).sum()
+        for j, (s_, s_r, ds) in enumerate(zip(S, S_r, dS)):
+            assert s_.shape == s_r.shape, f"state part {j}: {tuple(s_.shape)} vs reference {tuple(s_r.shape)}"
+            errs[f"state{j}"] = rel(s_, s_r)
+            loss = loss + (s_.double() * ds).sum()
+        if grad:
+            loss.backward()
+            for n in inputs:
+                for j, (a, b) in enumerate(zip(_flat(leaves[n]), _flat(refs[n]))):
+                    if isinstance(a, torch.Tensor) and a.requires_grad:
+                        assert a.grad is not None, f"no gradient for {n}"
+                        errs[f"d{n}{j if isinstance(leaves[n], tuple) else ''}"] = rel(a.grad, b.grad)
+        return errs
+
+    if ref_float32:
+        return errors(op, None), errors(ref, torch.float32)
+    return errors(op, None)
 
 
 def check(errs, seed, tol=TOL):

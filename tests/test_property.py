@@ -135,9 +135,11 @@ def _run_op(s, op, ref, inputs, tol=1e-4, loose=(), loose_tol=1e-3, skip=()):
             tok = {n: x for n, x in a.items() if isinstance(x, torch.Tensor) and x.dim() >= 3}
             other = {n: x for n, x in a.items() if n not in tok}
             return per_sequence(ref, cu, tok, other, h0)
-    errs = compare(lambda h0, **a: op(**a, initial_state=h0, **kw), r, inputs)
+    errs, errs32 = compare(lambda h0, **a: op(**a, initial_state=h0, **kw), r, inputs, ref_float32=True)
     errs = {k: v for k, v in errs.items() if k not in skip}
-    bad = {k: f"{v:.2e}" for k, v in errs.items() if not v <= (loose_tol if k in loose else tol)}
+    # a quantity that the float32 recurrence itself misses by e may be missed by 10 e (a draw where a sum cancels)
+    bad = {k: f"{v:.2e} (float32 recurrence {errs32[k]:.2e})" for k, v in errs.items()
+           if not v <= max(loose_tol if k in loose else tol, 10 * errs32[k])}
     assert not bad, f"relative errors over {tol}: {bad} for {s}"
 
 
