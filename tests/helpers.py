@@ -40,12 +40,10 @@ def rel(x, ref):
     return ((x - ref).norm() / ref.norm().clamp_min(1e-30)).item()
 
 
-def compare_with_reference(fn, inputs, *, final=True, terms=False, **kw):
+def compare_with_reference(fn, inputs, *, final=True, **kw):
     """Run `fn` (an op with the signature of ula.linear_attention) and the float64 reference on the same
     inputs and the same random output gradients; return {name: relative error} for o, the final state
-    and the gradient of every input. With terms=True and a constant decay ([H]) also "dld/terms": the largest error of dld
-    per head over Σ |q⊙dq| + |k⊙dk| (the sizes of the terms that its closed form sums, float64 reference),
-    a measure that does not blow up where those terms cancel and the true gradient is small."""
+    and the gradient of every input (a constant decay's: `constant_decay_error`)."""
     names = ("q", "k", "v", "ld", "rd", "initial_state")
     ours = [None if x is None else x.detach().clone().requires_grad_() for x in inputs]
     refs = [None if x is None else x.detach().double().cpu().requires_grad_() for x in inputs]
@@ -67,11 +65,22 @@ def compare_with_reference(fn, inputs, *, final=True, terms=False, **kw):
         if a is not None:
             assert a.grad is not None, f"no gradient for {name}"
             errs["d" + name] = rel(a.grad, b.grad)
-    if terms and inputs[3] is not None and inputs[3].dim() == 1:
-        q, k, dq, dk = refs[0], refs[1], refs[0].grad, refs[1].grad
-        terms = ((q * dq).abs() + (k * dk).abs()).sum((0, 1, 3)).detach()
-        errs["dld/terms"] = ((ours[3].grad.double().cpu() - refs[3].grad).abs() / terms).max().item()
+    if inputs[3] is not None and inputs[3].dim() == 1:
+        errs["dld"] = constant_decay_error(ours[3].grad, refs[3].grad, refs[0], refs[0].grad, refs[1], refs[1].grad)
     return errs
+
+
+def constant_decay_error(g, g_ref, q, dq, k, dk):
+    """Error of a constant decay's gradient [H] (float64 reference g_ref, q, dq, k, dk): per head, relative to the
+    true value, but to no less than a tenth of Σ |q⊙dq| + |k⊙dk| over B, T, K, the sizes of the terms it sums.
+    Those cancel on some draws (true value ~1e-3 of them), where float32 cannot reach 1e-4 relative however it
+    sums (tests/test_extreme.py measured 3e-2 relative, 3.7e-6 of the terms, on one draw in ~100); the largest
+    over heads."""
+    terms = ((q * dq).abs() + (k * dk).abs()).sum((0, 1, 3)).detach().double().cpu()
+    g_ref = g_ref.detach().double().cpu()
+    assert torch.isfinite(g).all(), "non-finite values (an unwritten or overflowed element)"
+    scale = torch.maximum(g_ref.abs(), 0.1 * terms).clamp_min(1e-30)
+    return ((g.detach().double().cpu() - g_ref).abs() / scale).max().item()
 
 
 # mixer sizes small enough for CPU tests of layers and models

@@ -37,14 +37,19 @@ def _ref(variant):
     return lambda h0, **a: ref(**a, h0=h0)
 
 
+@pytest.mark.parametrize("backend", ["torch", "triton"])
 @pytest.mark.parametrize("h0", [False, True])
 @pytest.mark.parametrize("variant", ["exp", "sig"])
-def test_mlstm(variant, h0):
+def test_mlstm(variant, h0, backend):
+    """Both backends (exp runs two core calls, the values and a column of ones: a one-column case for the kernels)."""
+    if backend == "triton":
+        pytest.importorskip("triton")
     seed = fresh_seed()
     i, f = _gates(B, T)
     q, k = _qk(variant, B, T)
     inp = dict(q=q, k=k, v=torch.randn(B, T, H, V), i=i, f=f, h0=_state(variant, B) if h0 else None)
-    errs = compare(lambda h0, **a: ula.mlstm(**a, variant=variant, initial_state=h0, output_final_state=True, **KW),
+    kw = dict(KW, backend=backend)
+    errs = compare(lambda h0, **a: ula.mlstm(**a, variant=variant, initial_state=h0, output_final_state=True, **kw),
                    _ref(variant), inp)
     # the gradient of the initial max state m_0 reaches it only through log decays (the core's closed form,
     # see test_mlstm_extreme_gates), where its true value is often small next to O(1) terms: 1e-3

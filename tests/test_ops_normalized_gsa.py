@@ -23,9 +23,12 @@ def _norm_state(N):
     return torch.einsum("nthk,nthv->nhkv", ka, va)
 
 
+@pytest.mark.parametrize("backend", ["torch", "triton"])
 @pytest.mark.parametrize("coef", ["float", "tensor"])
 @pytest.mark.parametrize("h0", [False, True])
-def test_normalized(coef, h0):
+def test_normalized(coef, h0, backend):
+    if backend == "triton":
+        pytest.importorskip("triton")
     seed = fresh_seed()
     if coef == "float":
         a, b = 1.5, 1.0
@@ -33,7 +36,8 @@ def test_normalized(coef, h0):
         a, b = torch.rand(H) + 1.2, torch.rand(H) * 2 - 1
     inp = dict(q=torch.randn(B, T, H, K), k=torch.randn(B, T, H, K), v=torch.randn(B, T, H, V), a=a, b=b,
                h0=_norm_state(B) if h0 else None)
-    errs = compare(lambda h0, **x: ula.normalized_linear_attention(**x, initial_state=h0, output_final_state=True, **KW),
+    kw = dict(KW, backend=backend)
+    errs = compare(lambda h0, **x: ula.normalized_linear_attention(**x, initial_state=h0, output_final_state=True, **kw),
                    lambda **x: ref_normalized(**x), inp)
     check(errs, seed)
 

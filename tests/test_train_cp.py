@@ -65,9 +65,14 @@ def test_one_step_with_context_parallel_2_equals_one_process(tmp_path, monkeypat
         loss2, val2, p2, m2 = _result(str(tmp_path / f"cp-{mixer}"))
         assert sorted(p1) == sorted(p2) and len(m1) == len(m2) == len(p1)
         assert all(m.abs().max() > 0 for m in m1), "a parameter without gradient"
+        # tensor by tensor, relative to the tensor's gradient, but to no less than 1e-3 of the largest one: a gate
+        # projection's gradient can be 1e-5 of the others, a sum of decay-gradient terms that cancel (seed
+        # 610823019: 1.4e-5 relative on a tensor of norm 6e-7 next to 2.7e-2, 1.7e-6 over the whole model)
+        top = max(a.double().norm().item() for a in m1)
         e = {"loss": abs(loss2 - loss1) / abs(loss1), "val_loss": abs(val2 - val1) / abs(val1),
              "parameters": rel(torch.cat([p2[n].flatten() for n in p1]), torch.cat([p1[n].flatten() for n in p1])),
-             "gradients": max(rel(b, a) for a, b in zip(m1, m2))}
+             "gradients": max((b - a).double().norm().item() / max(a.double().norm().item(), 1e-3 * top)
+                              for a, b in zip(m1, m2))}
         errs[mixer] = {k: f"{v:.1e}" for k, v in e.items()}
         assert all(v <= TOL for v in e.values()), f"seed {seed}, {mixer}: {errs[mixer]}"
     print(errs)

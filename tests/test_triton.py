@@ -8,7 +8,7 @@ import torch
 pytest.importorskip("triton")
 
 import ula  # noqa: E402
-from helpers import KINDS, compare_with_reference, fresh_seed, make_inputs, rel  # noqa: E402
+from helpers import KINDS, compare_with_reference, constant_decay_error, fresh_seed, make_inputs, rel  # noqa: E402
 from ula.core.autograd import canonical_left  # noqa: E402
 from ula.core.chunk_torch import chunk_recurrence  # noqa: E402
 from ula.core.reference import reference_linear_attention  # noqa: E402
@@ -38,8 +38,10 @@ def _on(inputs, dtype=None):
     return tuple(out)
 
 
-# (T, chunk, K, V, reverse): odd lengths, K != V, both directions, chunk 16/32/64
-CASES = [(37, 16, 16, 24, False), (100, 32, 32, 12, True), (1, 64, 16, 16, True), (100, 64, 16, 24, False)]
+# (T, chunk, K, V, reverse): odd lengths, K != V, both directions, chunk 16/32/64; V = 1 is how mLSTMexp and
+# normalized attention get their normalizers (values of ones)
+CASES = [(37, 16, 16, 24, False), (100, 32, 32, 12, True), (1, 64, 16, 16, True), (100, 64, 16, 24, False),
+         (37, 16, 16, 1, True)]
 
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: "T{}-C{}-K{}-V{}-{}".format(*c[:4], "rev" if c[4] else "fwd"))
@@ -198,4 +200,6 @@ def test_key_gate(kind, reverse, varlen, backend):
     errs = {"o": rel(o, o_ref), "S": rel(S, S_ref)}
     for name, a, b in zip(["q", "k", "v"] + (["ld"] if ld is not None else []) + ["key_gate", "h0"], ours, refs):
         errs["d" + name] = rel(a.grad, b.grad)
+    if kind == "constant":  # k2 ⊙ dk2 = (k2 e^u) ⊙ d(k2 e^u): the gated key's terms
+        errs["dld"] = constant_decay_error(ours[3].grad, ld2.grad, q2, q2.grad, k2, k2.grad)
     _check(errs, seed)

@@ -83,8 +83,13 @@ class PackedLayout:
         return x[torch.arange(self.N, device=x.device), self.lens - 1]
 
 
+def ones_column(v):
+    """Ones shaped like v with one column: the values whose core output is a normalizer (Σ weights)."""
+    return v.new_ones(*v.shape[:-1], 1)
+
+
 def with_ones_column(v):
-    """[v, 1] along the last dim: a normalizer carried as one more value column (mLSTMexp, normalized linear
-    attention), or the key's constant feature of normalized attention's one-step form.
-    (Padding v' to 8-aligned rows was measured on an H100 and did not help: benchmarks/RESULTS.md, session 4.)"""
+    """[v, 1] along the last dim: a normalizer carried as one more value column in the one-step forms (mLSTMexp,
+    normalized attention; its key's constant feature too). The chunked forms use a separate core call with
+    `ones_column` values instead: V + 1 columns made the kernels 2.5-6.4x slower (benchmarks/RESULTS.md, session 4)."""
     return torch.cat([v, torch.ones_like(v[..., :1])], -1)
