@@ -1,5 +1,6 @@
 """Quick GPU smoke check after a kernel change: every decay kind, both directions, right decay, varlen,
-bf16 forward and gradients of backend="triton" against backend="torch" in float64 on the same inputs.
+bf16 forward and gradients of backend="triton" against backend="torch" in float64 on the same inputs; the fused
+decoding step against its PyTorch form in float64.
 
     python3 benchmarks/gpu_smoke.py"""
 import sys
@@ -50,4 +51,20 @@ for kind in ("scalar", "vector"):  # the key gate, applied inside the kernels
         ok = all(e < 2e-2 for e in errs)
         bad += not ok
         print(kind, "key_gate", reverse, "ok" if ok else "BAD", " ".join(f"{e:.1e}" for e in errs), flush=True)
+# the fused decoding step (ula.ops._common._step on CUDA without gradients) against its PyTorch form in float64
+from ula.ops._common import _step  # noqa: E402
+for ld_shape in (None, (3,), (2, 3), (2, 3, 64)):
+    torch.manual_seed(0)
+    q, k = (torch.randn(2, 3, 64, device="cuda").bfloat16() for _ in range(2))
+    v = torch.randn(2, 3, 48, device="cuda").bfloat16()
+    ld = None if ld_shape is None else torch.nn.functional.logsigmoid(torch.randn(ld_shape, device="cuda") + 2)
+    S0 = torch.randn(2, 3, 64, 48, device="cuda")
+    with torch.no_grad():
+        o, S = _step(q, k, v, ld, None, S0, 0.5)
+        o_ref, S_ref = _step(q.double(), k.double(), v.double(), None if ld is None else ld.double(), None,
+                             S0.double(), 0.5)
+    errs = [((a.double() - b).norm() / b.norm()).item() for a, b in ((o, o_ref), (S, S_ref))]
+    ok = all(e < 2e-2 for e in errs) and S.dtype == torch.float32
+    bad += not ok
+    print("step", ld_shape, "ok" if ok else "BAD", " ".join(f"{e:.1e}" for e in errs), flush=True)
 print("smoke:", "all ok" if not bad else f"{bad} BAD")

@@ -203,3 +203,27 @@ def test_key_gate(kind, reverse, varlen, backend):
     if kind == "constant":  # k2 ⊙ dk2 = (k2 e^u) ⊙ d(k2 e^u): the gated key's terms
         errs["dld"] = constant_decay_error(ours[3].grad, ld2.grad, q2, q2.grad, k2, k2.grad)
     _check(errs, seed)
+
+
+@pytest.mark.parametrize("K,V", [(16, 24), (129, 12), (8, 200)])
+@pytest.mark.parametrize("decay", ["none", "per-head", "per-sequence", "per-feature", "right"])
+def test_fused_step(decay, K, V):
+    """The decoding step kernel (ula/core/triton/step.py, what `*_step` runs on CUDA without gradients) against
+    one step of the float64 reference, with and without a state; K, V not powers of two, V over one slab."""
+    from ula.core.triton.step import recurrent_step_triton
+    seed = fresh_seed()
+    B, H = 3, 2
+    q, k = torch.randn(B, H, K), torch.randn(B, H, K)
+    v = torch.randn(B, H, V)
+    g = lambda *s: torch.nn.functional.logsigmoid(torch.randn(*s) + 2.0)  # noqa: E731
+    ld = {"none": None, "per-head": g(H), "per-sequence": g(B, H), "per-feature": g(B, H, K), "right": g(B, H, K)}
+    ld = ld[decay]
+    rd = g(B, H, V) if decay == "right" else None
+    for state in (None, torch.randn(B, H, K, V)):
+        o, S = recurrent_step_triton(*_on((q, k, v, ld, rd, state)), 0.7)
+        ld_ref = None if ld is None else (ld if ld.dim() == 1 else ld.unsqueeze(1))  # one time step
+        o_ref, S_ref = reference_linear_attention(q.unsqueeze(1), k.unsqueeze(1), v.unsqueeze(1), ld_ref,
+                                                  None if rd is None else rd.unsqueeze(1), scale=0.7,
+                                                  initial_state=state, output_final_state=True)
+        assert S.dtype == torch.float32 and o.dtype == v.dtype
+        _check({"o": rel(o, o_ref[:, 0]), "S": rel(S, S_ref)}, seed)

@@ -30,10 +30,14 @@ def recurrent_step(q, k, v, ld=None, rd=None, state=None, scale=None):
 
 
 def _step(q, k, v, ld=None, rd=None, state=None, scale=None):
-    """recurrent_step without the checks (the ops check their own arguments, then call this)."""
+    """recurrent_step without the checks (the ops check their own arguments, then call this). On CUDA, where no
+    gradient is wanted (decoding), one Triton kernel does the whole step (ula/core/triton/step.py)."""
     B, H, K = q.shape
     dt = state_dtype(q)
     scale = K ** -0.5 if scale is None else scale
+    if _fused_step_applies(dt, q, k, v, ld, rd, state):
+        from ..core.triton.step import recurrent_step_triton
+        return recurrent_step_triton(q, k, v, ld, rd, state, scale)
     S = torch.zeros(B, H, K, v.shape[-1], dtype=dt, device=q.device) if state is None else state.to(dt)
     if ld is not None:
         lam = ld.to(dt).exp()
@@ -44,6 +48,27 @@ def _step(q, k, v, ld=None, rd=None, state=None, scale=None):
     S = S + k.to(dt)[..., :, None] * v.to(dt)[..., None, :]
     o = torch.einsum("bhk,bhkv->bhv", q.to(dt), S) * scale
     return o.to(v.dtype), S
+
+
+_FUSED_STEP = {}  # whether the Triton step kernel loads on this machine (tried once)
+
+
+def _fused_step_applies(dt, *tensors):
+    """CUDA, float32 states, and no gradient to record (the kernel has no backward)."""
+    q = tensors[0]
+    if not q.is_cuda or dt != torch.float32:
+        return False
+    if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors):
+        return False
+    ok = _FUSED_STEP.get("ok")
+    if ok is None:
+        try:
+            import ula.core.triton.step  # noqa: F401
+            ok = True
+        except ImportError:
+            ok = False
+        _FUSED_STEP["ok"] = ok
+    return ok
 
 
 def decay_dtype(q):
