@@ -209,7 +209,8 @@ def test_key_gate(kind, reverse, varlen, backend):
 @pytest.mark.parametrize("decay", ["none", "per-head", "per-sequence", "per-feature", "right"])
 def test_fused_step(decay, K, V):
     """The decoding step kernel (ula/core/triton/step.py, what `*_step` runs on CUDA without gradients) against
-    one step of the float64 reference, with and without a state; K, V not powers of two, V over one slab."""
+    one step of the float64 reference, with and without a state, and in place; K, V not powers of two, V over
+    one slab."""
     from ula.core.triton.step import recurrent_step_triton
     seed = fresh_seed()
     B, H = 3, 2
@@ -219,8 +220,12 @@ def test_fused_step(decay, K, V):
     ld = {"none": None, "per-head": g(H), "per-sequence": g(B, H), "per-feature": g(B, H, K), "right": g(B, H, K)}
     ld = ld[decay]
     rd = g(B, H, V) if decay == "right" else None
-    for state in (None, torch.randn(B, H, K, V)):
-        o, S = recurrent_step_triton(*_on((q, k, v, ld, rd, state)), 0.7)
+    h0 = torch.randn(B, H, K, V)
+    for state, in_place in ((None, False), (h0, False), (h0, True)):
+        args = _on((q, k, v, ld, rd, state))
+        buf = args[5].clone() if in_place else None  # the new state written over the old (step_static's buffers)
+        o, S = recurrent_step_triton(*args[:5], buf if in_place else args[5], 0.7, out=buf)
+        assert not in_place or S.data_ptr() == buf.data_ptr()
         ld_ref = None if ld is None else (ld if ld.dim() == 1 else ld.unsqueeze(1))  # one time step
         o_ref, S_ref = reference_linear_attention(q.unsqueeze(1), k.unsqueeze(1), v.unsqueeze(1), ld_ref,
                                                   None if rd is None else rd.unsqueeze(1), scale=0.7,

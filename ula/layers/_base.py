@@ -3,6 +3,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from ..ops._common import states_updated_in_place
+
 
 def softcap(x, cap):
     """cap · tanh(x / cap) (paper 003, Eq. 107); identity when cap is None."""
@@ -115,7 +117,8 @@ class Mixer(nn.Module):
         of positions >= pos + 1 that a length-dependent state (uses_length) reads; None: all of it.
         Neither synchronizes with the host nor allocates what outlives the call, so a CUDA graph can capture
         it. By default `step`, then its new state copied into the buffers (the same numbers as `step`)."""
-        y, new = self.step(x, buffers)
+        with states_updated_in_place():  # the fused CUDA step writes into the buffers: the copy is then a no-op
+            y, new = self.step(x, buffers)
         copy_state_(buffers, new)
         return y
 

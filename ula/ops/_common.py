@@ -1,4 +1,6 @@
 """Helpers shared by the families: the one-token recurrent step, gate dtypes, packed <-> padded layout."""
+import contextlib
+
 import torch
 
 from ._checks import check_float, check_step_qkv, check_step_state
@@ -37,7 +39,8 @@ def _step(q, k, v, ld=None, rd=None, state=None, scale=None):
     scale = K ** -0.5 if scale is None else scale
     if _fused_step_applies(dt, q, k, v, ld, rd, state):
         from ..core.triton.step import recurrent_step_triton
-        return recurrent_step_triton(q, k, v, ld, rd, state, scale)
+        out = state if _IN_PLACE[0] and state is not None and state.dtype == dt and state.is_contiguous() else None
+        return recurrent_step_triton(q, k, v, ld, rd, state, scale, out=out)
     S = torch.zeros(B, H, K, v.shape[-1], dtype=dt, device=q.device) if state is None else state.to(dt)
     if ld is not None:
         lam = ld.to(dt).exp()
@@ -51,6 +54,19 @@ def _step(q, k, v, ld=None, rd=None, state=None, scale=None):
 
 
 _FUSED_STEP = {}  # whether the Triton step kernel loads on this machine (tried once)
+_IN_PLACE = [False]
+
+
+@contextlib.contextmanager
+def states_updated_in_place():
+    """Inside it, the fused CUDA step writes the new state into the state tensor it is given instead of a new
+    one (decoding from preallocated buffers, Mixer.step_static: one copy per layer and token less). Only for
+    callers that do not read the old state again."""
+    prev, _IN_PLACE[0] = _IN_PLACE[0], True
+    try:
+        yield
+    finally:
+        _IN_PLACE[0] = prev
 
 
 def _fused_step_applies(dt, *tensors):

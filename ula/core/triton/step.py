@@ -43,14 +43,15 @@ def _step_kernel(q, k, v, ld, rd, s_in, s_out, o, H, K, V, scale,
     tl.store(o + i_bh.to(tl.int64) * V + vc, out.to(o.dtype.element_ty), mask=mv)
 
 
-def recurrent_step_triton(q, k, v, ld, rd, state, scale):
+def recurrent_step_triton(q, k, v, ld, rd, state, scale, out=None):
     """q, k [B, H, K]; v [B, H, V]; ld None / [H] / [B, H] / [B, H, K]; rd None / [B, H, V]; state [B, H, K, V]
-    float32 or None (zeros); scale a number. Returns (o [B, H, V] in v's dtype, new state float32). Shapes are
-    the caller's to check (ula.ops._common._step); nothing here records a gradient."""
+    float32 or None (zeros); scale a number. Returns (o [B, H, V] in v's dtype, new state float32). out: a
+    contiguous float32 [B, H, K, V] for the new state, which may be `state` itself (each program reads its slab
+    before it writes it). Shapes are the caller's to check (ula.ops._common._step); no gradient is recorded."""
     B, H, K = q.shape
     V = v.shape[-1]
     q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
-    S = alloc((B, H, K, V), q.device)
+    S = alloc((B, H, K, V), q.device) if out is None else out
     o = alloc((B, H, V), q.device, v.dtype)
     mode = 0 if ld is None else ld.dim()  # 1: [H], 2: [B, H], 3: [B, H, K]
     has_rd, has_s = rd is not None, state is not None
