@@ -281,3 +281,24 @@ def test_cp_group_must_be_a_process_group():
     q = torch.randn(1, 4, 1, 8)
     with pytest.raises((TypeError, RuntimeError)):
         ula.linear_attention(q, q, q, cp_group=object())
+
+
+@pytest.mark.parametrize("reverse", [False, True], ids=["fwd", "rev"])
+@pytest.mark.parametrize("right", [False, True], ids=["left", "right"])
+@pytest.mark.parametrize("decay", ["none", "constant", "scalar", "vector"])
+def test_entry_term_gradients(decay, right, reverse):
+    """The entering state's term (ula/core/cp_entry.py, its own backward) against finite differences in float64:
+    q, both decays (a constant one broadcast over B and T, as the core canonicalizes it) and the state."""
+    from ula.core.cp_entry import entry_term
+    fresh_seed()
+    B, L, H, K, V = 2, 7, 2, 3, 4
+    g = lambda *s: torch.nn.functional.logsigmoid(torch.randn(*s, dtype=torch.float64) + 1)  # noqa: E731
+    gl = {"none": None, "constant": g(1, 1, H, 1), "scalar": g(B, L, H, 1), "vector": g(B, L, H, K)}[decay]
+    leaves = [torch.randn(B, L, H, K, dtype=torch.float64), gl, g(B, L, H, V) if right else None,
+              torch.randn(B, H, K, V, dtype=torch.float64)]
+    leaves = [x.requires_grad_() if x is not None else None for x in leaves]
+
+    def term(q, gl, rd, E):
+        return entry_term(q, gl.expand(1, L, H, 1) if decay == "constant" else gl, rd, E, 0.7, reverse)
+
+    assert torch.autograd.gradcheck(term, tuple(leaves))

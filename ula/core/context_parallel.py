@@ -23,7 +23,8 @@ ranks through the backward of the collective):
    crossing piece the term  scale · exp(c_t) ⊙ (Eᵀ (exp(b_t) ⊙ q_t))  with b_t, c_t the cumulative log
    decays from the slice start (inclusive; exclusive from the end when reverse=True). All exponents are
    <= 0: nothing overflows. This costs one [L, K] × [K, V] matmul per head, against the two full core
-   passes (and two backward passes) of "zero-start pass for the state, then a real pass from S_in".
+   passes (and two backward passes) of "zero-start pass for the state, then a real pass from S_in"
+   (ula/core/cp_entry.py: its own backward, nothing of the slice's size kept in float32).
 
 All-gather or a ring of send/recv: benchmarks/cp_collectives_cpu.py measures both communication patterns
 on CPU gloo (output beside it). There the ring is faster (e.g. 1 MiB state, 4 ranks: ~8 ms against ~23 ms
@@ -67,7 +68,7 @@ import torch.distributed as dist
 
 from .api import linear_attention
 from .checks import check_linear_attention
-from .time_scan import scan_time
+from .cp_entry import entry_term
 
 __all__ = ["cp_linear_attention"]
 
@@ -250,15 +251,6 @@ def _plan(c, bounds, reverse):
     return plans
 
 
-def _cum_log(x, reverse):
-    """Cumulative log decay along dim 1 from the slice's entry side: inclusive from the start (forward); from
-    the end exclusive of the step itself (reverse: step t is reached from t+1 by the decay of t+1)."""
-    if not reverse:
-        return scan_time(x, lambda y: y.cumsum(-1))
-    r = scan_time(x, lambda y: y.flip(-1).cumsum(-1).flip(-1))
-    return torch.cat([r[:, 1:], torch.zeros_like(r[:, :1])], 1)
-
-
 def cp_linear_attention(q, k, v, ld=None, rd=None, *, cp_group, scale=None, initial_state=None,
                         output_final_state=False, cu_seqlens=None, chunk_size=None, backend="auto", reverse=False):
     """`linear_attention` on this rank's contiguous slice of the sequence, the slices of `cp_group`'s ranks
@@ -358,17 +350,9 @@ def cp_linear_attention(q, k, v, ld=None, rd=None, *, cp_group, scale=None, init
     # 4. the correction of this rank's entry piece by the state that enters it
     Ein = E_in[rank]
     if Ein is not None:
-        ql = q[:, a0:b0].to(sdt)
-        if gl is not None:
-            ql = ql * torch.exp(_cum_log(gl[:, a0:b0].to(sdt), reverse))
-        # bfloat16 inputs: the matmul in bfloat16 (tensor cores, float32 accumulation), as the core's own
-        # inter-chunk term reads its bfloat16 border states (not float16: a state can exceed its range)
-        mm_dt = torch.bfloat16 if q.dtype == torch.bfloat16 else sdt
-        corr = torch.einsum("bthk,bhkv->bthv", ql.to(mm_dt), Ein.to(mm_dt)).to(sdt)
-        if rd is not None:
-            corr = corr * torch.exp(_cum_log(rd[:, a0:b0].to(sdt), reverse))
-        mid = (o[:, a0:b0].to(sdt) + corr * scale).to(o.dtype)
-        o = torch.cat([o[:, :a0], mid, o[:, b0:]], 1)
+        corr = entry_term(q[:, a0:b0], gl[:, a0:b0] if gl is not None else None,
+                          rd[:, a0:b0] if rd is not None else None, Ein, scale, reverse)
+        o = torch.cat([o[:, :a0], o[:, a0:b0] + corr.to(o.dtype), o[:, b0:]], 1)
     if needs_grad:
         o = tie(o, G)
 

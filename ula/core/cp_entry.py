@@ -1,0 +1,91 @@
+"""The term that the state E entering a context-parallel slice adds to the outputs of the slice's entry piece
+(ula/core/context_parallel.py, step 4):
+
+    corr_t = scale · exp(c_t) ⊙ (Eᵀ (exp(b_t) ⊙ q_t))
+
+b_t, c_t: cumulative left / right log decays from the slice's entry side (`cum_log`). All exponents are <= 0.
+
+One autograd function with its own backward: it keeps only its inputs (q and the decays are views of tensors
+that the core call keeps anyway; E is one state) and recomputes the exponentials there. Autograd through the
+plain expression kept float32 copies of the whole slice from the forward to the backward ([L, H, K] and
+[L, H, V] per sequence, gigabytes at L = 131072). With bfloat16 inputs the matmuls take bfloat16 operands
+(tensor cores, float32 accumulation), as the core's own inter-chunk term reads its bfloat16 border states (not
+float16: a state can exceed its range)."""
+import torch
+
+from .time_scan import scan_time
+
+
+def cum_log(x, reverse):
+    """Cumulative log decay along dim 1 from the slice's entry side: inclusive from the start (forward); from
+    the end exclusive of the step itself (reverse: step t is reached from t+1 by the decay of t+1)."""
+    if not reverse:
+        return scan_time(x, lambda y: y.cumsum(-1))
+    r = scan_time(x, lambda y: y.flip(-1).cumsum(-1).flip(-1))
+    return torch.cat([r[:, 1:], torch.zeros_like(r[:, :1])], 1)
+
+
+def _cum_log_adjoint(d, reverse):
+    """The transpose of `cum_log` (linear along dim 1): a reverse inclusive cumsum, or a shifted forward one."""
+    if not reverse:
+        return scan_time(d, lambda y: y.flip(-1).cumsum(-1).flip(-1))
+    r = scan_time(d, lambda y: y.cumsum(-1))
+    return torch.cat([torch.zeros_like(r[:, :1]), r[:, :-1]], 1)
+
+
+def _dtypes(q):
+    """(dtype of the decay arithmetic, dtype of the matmul operands)."""
+    sdt = torch.float64 if q.dtype == torch.float64 else torch.float32
+    return sdt, (torch.bfloat16 if q.dtype == torch.bfloat16 else sdt)
+
+
+def _weighted(x, g, sdt, mm, reverse):
+    """x ⊙ exp(cum_log(g)) in the matmul dtype (x itself where g is None)."""
+    if g is None:
+        return x.to(mm)
+    w = torch.exp(cum_log(g.to(sdt), reverse))
+    return x.to(sdt) * w if mm == sdt else x * w.to(x.dtype)
+
+
+class _EntryTerm(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, gl, rd, E, scale, reverse):
+        ctx.save_for_backward(q, gl, rd, E)
+        ctx.cfg = (scale, reverse)
+        sdt, mm = _dtypes(q)
+        corr = torch.einsum("blhk,bhkv->blhv", _weighted(q, gl, sdt, mm, reverse), E.to(mm))
+        if rd is not None:
+            return (corr.to(sdt) * torch.exp(cum_log(rd.to(sdt), reverse)) * scale).to(mm)
+        return corr * scale
+
+    @staticmethod
+    def backward(ctx, dC):
+        q, gl, rd, E = ctx.saved_tensors
+        scale, reverse = ctx.cfg
+        sdt, mm = _dtypes(q)
+        ql = _weighted(q, gl, sdt, mm, reverse)
+        Em = E.to(mm)
+        drd = None
+        if rd is not None:
+            corr = torch.einsum("blhk,bhkv->blhv", ql, Em).to(sdt)
+            dCr = dC.to(sdt) * torch.exp(cum_log(rd.to(sdt), reverse))
+            if ctx.needs_input_grad[2]:
+                drd = _cum_log_adjoint((dCr * corr * scale).sum_to_size(rd.shape), reverse).to(rd.dtype)
+            dC = dCr.to(mm)
+        dC = dC.to(mm)
+        dql = torch.einsum("blhv,bhkv->blhk", dC, Em) * scale
+        dE = (torch.einsum("blhk,blhv->bhkv", ql, dC) * scale).to(E.dtype) if ctx.needs_input_grad[3] else None
+        dgl = None
+        if gl is not None and ctx.needs_input_grad[1]:
+            # d cum_t = dql_t ⊙ q_t ⊙ exp(cum_t) = dql_t ⊙ ql_t
+            dgl = _cum_log_adjoint((dql.to(sdt) * ql.to(sdt)).sum_to_size(gl.shape), reverse).to(gl.dtype)
+        dq = None
+        if ctx.needs_input_grad[0]:
+            dq = (_weighted(dql, gl, sdt, mm, reverse) if gl is not None else dql).to(q.dtype)
+        return dq, dgl, drd, dE, None, None
+
+
+def entry_term(q, gl, rd, E, scale, reverse):
+    """corr [B, L, H, V] (bfloat16 for bfloat16 q, else float32 / float64) for q [B, L, H, K], left log decays gl
+    broadcastable to [B, L, H, K] (or None), right ones rd [B, L, H, V] (or None), E [B, H, K, V]."""
+    return _EntryTerm.apply(q, gl, rd, E, float(scale), bool(reverse))
