@@ -82,7 +82,7 @@ NUMBERS = {
              ("--heads", "0", ">= 1"), ("--batch-size", "0", ">= 1"), ("--seeds", "0", ">= 1"),
              ("--lr", "0", "> 0"), ("--lr", "-0.01", "> 0"), ("--lr", "inf", "> 0"), ("--lr", "x", "number"),
              ("--jobs", "0", ">= 1"), ("--threads", "0", ">= 1"), ("--mixers", "gla,nope", "gla, gsa"),
-             ("--mixers", ",", "comma-separated"), ("--device", "tpu", "cuda:N")],
+             ("--mixers", ",", "comma-separated"), ("--device", "tpu", "cuda:N"), ("--prefix", "-2", ">= 0")],
     "train": [("--steps", "0", ">= 1"), ("--steps", "-1", ">= 1"), ("--steps", "2.5", "integer"),
               ("--seq-len", "0", ">= 1"), ("--batch-size", "-2", ">= 1"), ("--d-model", "0", ">= 1"),
               ("--layers", "0", ">= 1"), ("--heads", "0", ">= 1"), ("--lr", "0", "> 0"), ("--lr", "nan", "> 0"),
@@ -121,7 +121,8 @@ def test_unknown_subcommand_and_flag(capsys):
 def test_demo_settings_that_do_not_fit(tmp_path, capsys):
     out = tmp_path / "out"
     base = ["demo", "--tiny", "--out", out, "--device", "cpu"] + THREADS
-    fails(capsys, base + ["--seq-len", "7"], "--seq-len 7", "even", "at least 4 * num_kv = 8")
+    fails(capsys, base + ["--seq-len", "7"], "--seq-len 7", "even", "at least --prefix + 4 * num_kv = 12")
+    fails(capsys, base + ["--prefix", "3"], "--prefix 3", "even")
     fails(capsys, base + ["--num-kv", "8"], "--num-kv 8", "at least 18", "--vocab-size")
     fails(capsys, base + ["--d-model", "15"], "--d-model 15", "divisible by --heads 2")
     fails(capsys, base + ["--mixers", "hgrn2", "--d-model", "4", "--heads", "4"], "mixer hgrn2", "--d-model", "4",

@@ -33,6 +33,19 @@ def test_mqar_batch_pairs_and_targets():
             assert all(pairs[int(x[b, p])] == int(y[b, p]) == int(x[b, p + 1]) for p in where)
     with pytest.raises(ValueError):
         mqar_batch(1, 20, 32)
+    for noise in (False, True):      # prefix P: P random tokens, then the same kind of sequence of T - P
+        x, y = mqar_batch(4, 5, 32, 46, torch.Generator().manual_seed(1), noise=noise, prefix=6)
+        assert x.shape == y.shape == (4, 46) and (y[:, :6] == IGNORE).all() and int((y != IGNORE).sum()) == 20
+        for b in range(4):
+            pairs = {int(x[b, 6 + 2 * i]): int(x[b, 7 + 2 * i]) for i in range(5)}
+            where = (y[b] != IGNORE).nonzero().flatten().tolist()
+            assert len(pairs) == 5 and all(p >= 16 for p in where)
+            assert all(pairs[int(x[b, p])] == int(y[b, p]) == int(x[b, p + 1]) for p in where)
+            if noise:                # random filler after the pairs, never one of this sequence's keys
+                qa = set(where) | {p + 1 for p in where}
+                assert all(int(x[b, i]) not in pairs for i in range(16, 46) if i not in qa)
+    with pytest.raises(ValueError):
+        mqar_batch(1, 5, 32, 24, prefix=6)
 
 
 def test_demo_tiny(tmp_path, capsys):

@@ -52,7 +52,7 @@ _RULES = dict.fromkeys(("steps", "batch_size", "seq_len", "d_model", "n_heads", 
                         "seeds", "threads", "jobs", "eval_every", "eval_batches", "save_every", "batch", "heads",
                         "head_dim", "reps", "context_parallel"), _INT1)
 _RULES.update(
-    warmup=_INT0, max_new_tokens=_INT0,
+    warmup=_INT0, max_new_tokens=_INT0, prefix=_INT0,
     top_k=_rule(int, lambda v: v >= 0, "an integer >= 0 (0: no top-k cut)"),
     seed=_rule(int, lambda v: 0 <= v < 2**32, "an integer from 0 to 2**32 - 1"),
     lr=_rule(float, lambda v: math.isfinite(v) and v > 0, "a number > 0"),
@@ -116,7 +116,7 @@ def cmd_demo(args):
     else:
         jobs = args.jobs if args.jobs is not None else (1 if args.tiny else 8)
     kw = dict(TINY) if args.tiny else {}
-    for k in ("num_kv", "seq_len", "d_model", "n_heads", "steps", "batch_size", "lr", "vocab_size"):
+    for k in ("num_kv", "seq_len", "d_model", "n_heads", "steps", "batch_size", "lr", "vocab_size", "prefix"):
         if getattr(args, k) is not None:
             kw[k] = getattr(args, k)
     if args.seeds is not None:
@@ -128,12 +128,17 @@ def cmd_demo(args):
             raise CLIError(f"unknown mixer(s) {bad}; choose from {sorted(MIXERS)}")
     if args.no_shift:
         kw["shift"] = False
+    if args.noise:
+        kw["noise"] = True
     cfg = DemoConfig(**kw)
     if cfg.num_kv < 1 or 2 * (cfg.num_kv + 1) > cfg.vocab_size:
         raise CLIError(f"--num-kv {cfg.num_kv} needs 1 <= num_kv and a vocabulary of at least "
                        f"{2 * (cfg.num_kv + 1)} (--vocab-size, now {cfg.vocab_size})")
-    if cfg.T < 4 * cfg.num_kv or cfg.T % 2:
-        raise CLIError(f"--seq-len {cfg.T} must be even and at least 4 * num_kv = {4 * cfg.num_kv}")
+    if cfg.prefix % 2:
+        raise CLIError(f"--prefix {cfg.prefix} must be even (the sequence after it is laid out in pairs of positions)")
+    if cfg.T - cfg.prefix < 4 * cfg.num_kv or cfg.T % 2:
+        raise CLIError(f"--seq-len {cfg.T} must be even and at least --prefix + 4 * num_kv = "
+                       f"{cfg.prefix + 4 * cfg.num_kv}")
     if cfg.d_model % cfg.n_heads:
         raise CLIError(f"--d-model {cfg.d_model} must be divisible by --heads {cfg.n_heads}")
     out = _out(args, "demo")
@@ -202,8 +207,15 @@ def build_parser():
     d.add_argument("--mixers", help="comma-separated mixers (default: linear,retnet,gla,mlstm_sig,mlstm_exp,gsa,"
                    "normalized,softmax)")
     d.add_argument("--num-kv", type=int, help="key-value pairs per sequence (default 8)")
-    d.add_argument("--seq-len", type=int, help="sequence length (default 4 * num_kv; longer pads with filler)")
-    d.add_argument("--vocab-size", type=int, help="vocabulary: keys from the lower, values from the upper half")
+    d.add_argument("--seq-len", type=int, help="sequence length (default prefix + 4 * num_kv; longer pads with "
+                   "filler)")
+    d.add_argument("--vocab-size", type=int, help="vocabulary: keys from the lower, values from the upper half "
+                   "(default 20)")
+    d.add_argument("--prefix", type=int, help="random tokens before the key-value pairs, a past holding stale "
+                   "bindings of the keys that a decaying state can forget (default 32; 0: plain MQAR as in "
+                   "Zoology)")
+    d.add_argument("--noise", action="store_true", help="random tokens instead of the filler 0 between the "
+                   "queries (Zoology's random_non_queries; never this sequence's keys)")
     d.add_argument("--d-model", type=int, help="model width (default 64)")
     d.add_argument("--heads", dest="n_heads", type=int, help="heads (default 2)")
     d.add_argument("--steps", type=int, help="training steps per model")

@@ -10,9 +10,9 @@ Per head h (H = 4 by default), with m memory slots (m = 64):
 The state is (K̃ᵀ [B, H, d_head, m], Ṽ [B, H, m, d_head]): its size is fixed by m, not by T.
 W_α has a bias b_α here, starting at 3 (Eq. 8 prints none; `fgate_bias_init=None` leaves it out, as
 printed): with none, α starts at σ(0)^(1/8) ≈ 0.92, so a slot keeps a token for about 12 steps; σ(3)^(1/8)
-≈ 0.994 starts with the slow forgetting that τ is there to encourage. Measured with `ula demo` defaults
-(MQAR, 8 pairs, T 32, d_model 64, 1500 steps, CPU), seeds 0 / 1: no bias 26.6 % / 28.3 % (both on the
-loss plateau), b_α from 3 99.7 % / 98.9 %."""
+≈ 0.994 starts with the slow forgetting that τ is there to encourage. Measured with the `ula demo` defaults of
+commit d43ba8f (plain MQAR, 8 pairs, T 32, d_model 64, 1500 steps, CPU), seeds 0 / 1: no bias 26.6 % / 28.3 %
+(both on the loss plateau), b_α from 3 99.7 % / 98.9 %."""
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
