@@ -1,0 +1,137 @@
+"""Compile the Triton kernels for an NVIDIA GPU without one: the launches that a forward+backward makes are
+recorded on the CPU (kernels not run), then each distinct configuration is compiled by Triton for a target
+(default sm_90, an H100) down to a cubin, and ptxas reports registers and spills. Catches what the interpreter
+cannot (the GPU compiler's own errors, bfloat16 matmul operands, shared memory, spills) before device time.
+
+Must run in a process where TRITON_INTERPRET was unset when ula's kernels were defined (`python3
+tests/offline_compile.py` or `benchmarks/offline_compile_report.py`; tests/test_offline_compile.py spawns one).
+"""
+import os
+import re
+import subprocess
+import sys
+import tempfile
+
+import torch
+
+_TYPES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32", torch.float64: "fp64",
+          torch.int32: "i32", torch.int64: "i64", torch.bool: "i1"}
+
+
+def record(run):
+    """Calls run() with every Triton launch of ula recorded instead of executed. Returns the distinct launches
+    as (kernel, signature, constexprs, num_warps, attrs)."""
+    assert os.environ.get("TRITON_INTERPRET") != "1", "kernels defined under the interpreter cannot be compiled"
+    from ula.core.triton import cumsum, decay_grad, output, state, step  # noqa: F401  (defines the kernels)
+    mods = [sys.modules[f"ula.core.triton.{m}"] for m in ("cumsum", "decay_grad", "output", "state", "step")]
+    seen = {}
+
+    def fake_launch(kernel, grid, *args, num_warps=4, **constexprs):
+        names = kernel.arg_names
+        sig, attrs = {}, {}
+        for i, (n, a) in enumerate(zip(names, args)):
+            if isinstance(a, torch.Tensor):
+                sig[n] = "*" + _TYPES[a.dtype]
+                div = a.data_ptr() % 16 == 0
+            elif isinstance(a, bool):
+                sig[n], div = "i1", False
+            elif isinstance(a, int):
+                sig[n], div = ("i32" if -2**31 <= a < 2**31 else "i64"), a % 16 == 0
+            else:
+                sig[n], div = "fp32", False
+            if div:  # what Triton's launcher tells its compiler about aligned pointers and multiples of 16
+                attrs[(i,)] = [["tt.divisibility", 16]]
+        for n in constexprs:
+            sig[n] = "constexpr"
+        key = (kernel.fn.__name__, tuple(sig.items()), tuple(sorted(constexprs.items())), num_warps,
+               tuple(sorted(attrs)))
+        seen.setdefault(key, (kernel, sig, dict(constexprs), num_warps, attrs))
+
+    saved = [m.launch for m in mods]
+    # the runtime check of backend="triton" reads the environment; the kernels above are already defined
+    os.environ["TRITON_INTERPRET"] = "1"
+    try:
+        for m in mods:
+            m.launch = fake_launch
+        run()
+    finally:
+        for m, f in zip(mods, saved):
+            m.launch = f
+        del os.environ["TRITON_INTERPRET"]
+    return list(seen.values())
+
+
+def compile_one(kernel, sig, constexprs, num_warps, attrs=None, arch=90):
+    """Triton's compile for CUDA sm_<arch> down to a cubin, then ptxas -v on its PTX: (registers, spill bytes
+    stored, spill bytes loaded, shared memory bytes)."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+    src = ASTSource(kernel, sig, constexprs=constexprs, attrs=attrs)
+    k = triton.compile(src, target=GPUTarget("cuda", arch, 32), options={"num_warps": num_warps})
+    ptxas = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
+    with tempfile.NamedTemporaryFile("w", suffix=".ptx", delete=False) as f:
+        f.write(k.asm["ptx"])
+    try:
+        out = subprocess.run([ptxas, f"-arch=sm_{arch}a", "-v", f.name, "-o", os.devnull], capture_output=True,
+                             text=True, check=True).stderr
+    finally:
+        os.unlink(f.name)
+    regs = int(re.search(r"Used (\d+) registers", out).group(1))
+    spill = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", out)
+    return regs, int(spill.group(1)), int(spill.group(2)), k.metadata.shared
+
+
+def core_cases(B=2, T=300, H=2, K=128, V=128, dtype=torch.bfloat16):
+    """Forward+backward of ula.linear_attention the way a GPU runs them: every decay kind at K = V = 128, decays
+    requiring gradients (a learnable constant one takes float32 matmuls), mLSTM's key gate, then reverse,
+    varlen, a tiled chunk, a right decay, float16, K = 96 / V = 256; and the decoding step kernel."""
+    import torch.nn.functional as F
+
+    import ula
+
+    def run():
+        g = torch.Generator().manual_seed(0)
+        r = lambda *s, dt=dtype: torch.randn(*s, generator=g).to(dt).requires_grad_()  # noqa: E731
+        lsig = lambda *s: F.logsigmoid(torch.randn(*s, generator=g) + 3).requires_grad_()  # noqa: E731
+        cases = [dict(), dict(ld=torch.full((H,), -0.1).requires_grad_()), dict(ld=lsig(B, T, H)),
+                 dict(ld=lsig(B, T, H, K)), dict(ld=lsig(B, T, H), key_gate=lsig(B, T, H)),
+                 dict(ld=lsig(B, T, H), reverse=True), dict(ld=lsig(1, B * T, H, K), cu=[0, 7, 250, B * T]),
+                 dict(ld=lsig(B, T, H), chunk_size=512), dict(ld=lsig(B, T, H, K), rd=lsig(B, T, H, V)),
+                 dict(ld=lsig(B, T, H, K), dtype=torch.float16), dict(ld=lsig(B, T, H), Kx=96, Vx=256)]
+        for c in cases:
+            cu = c.get("cu")
+            Bc, Tc = (1, B * T) if cu else (B, T)
+            Kc, Vc, dt = c.get("Kx", K), c.get("Vx", V), c.get("dtype", dtype)
+            ld = c.get("ld")
+            if ld is not None and ld.dim() == 4 and ld.shape[-1] != Kc:
+                ld = lsig(Bc, Tc, H, Kc)
+            q, k, v = r(Bc, Tc, H, Kc, dt=dt), r(Bc, Tc, H, Kc, dt=dt), r(Bc, Tc, H, Vc, dt=dt)
+            o, S = ula.linear_attention(q, k, v, ld, c.get("rd"), key_gate=c.get("key_gate"),
+                                        output_final_state=True, reverse=c.get("reverse", False),
+                                        chunk_size=c.get("chunk_size"), cu_seqlens=torch.tensor(cu) if cu else None,
+                                        backend="triton")
+            (o.float().sum() + S.sum()).backward()
+        with torch.no_grad():  # the decoding step kernel
+            from ula.core.triton.step import recurrent_step_triton
+            q, k, v = (torch.randn(B, H, D).to(dtype) for D in (K, K, V))
+            recurrent_step_triton(q, k, v, F.logsigmoid(torch.randn(B, H, K)), None, torch.zeros(B, H, K, V), 0.1)
+    return run
+
+
+def report(launches, arch=90, out=print):
+    """Compiles every recorded launch; prints one line each. Returns the lines of those that failed."""
+    failed = []
+    for kernel, sig, cx, w, attrs in launches:
+        tag = f"{kernel.fn.__name__} warps={w} " + " ".join(f"{k}={v}" for k, v in cx.items())
+        try:
+            regs, st, ld, smem = compile_one(kernel, sig, cx, w, attrs, arch)
+            out(f"ok    regs {regs:3d} spill {st:5d}/{ld:5d} B smem {smem:6d} B  {tag}")
+        except Exception as e:  # noqa: BLE001  (any compiler failure is the finding)
+            failed.append(tag)
+            out(f"FAIL  {tag}: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
+    return failed
+
+
+if __name__ == "__main__":
+    sys.exit(1 if report(record(core_cases())) else 0)
