@@ -19,3 +19,9 @@ def chunk_fn(backend, device):
         raise RuntimeError(f"backend='triton' needs CUDA tensors (got {device}); set TRITON_INTERPRET=1 "
                            "before importing ula to run the kernels on the CPU, or use backend='torch'")
     return chunk_recurrence_triton
+
+
+
+def runs_triton(backend, device):
+    """Whether the core runs the Triton kernels for this backend and device (errors as `chunk_fn`)."""
+    return chunk_fn(backend, device) is not chunk_recurrence

@@ -3,6 +3,7 @@ import contextlib
 
 import torch
 
+from ..core import linear_attention
 from ._checks import check_float, check_step_qkv, check_step_state
 
 
@@ -44,7 +45,8 @@ def _step(q, k, v, ld=None, rd=None, state=None, scale=None):
     S = torch.zeros(B, H, K, v.shape[-1], dtype=dt, device=q.device) if state is None else state.to(dt)
     if ld is not None:
         lam = ld.to(dt).exp()
-        lam = {1: lambda x: x.view(1, H, 1, 1), 2: lambda x: x[..., None, None], 3: lambda x: x[..., None]}[ld.dim()](lam)
+        shape = {1: lambda x: x.view(1, H, 1, 1), 2: lambda x: x[..., None, None], 3: lambda x: x[..., None]}
+        lam = shape[ld.dim()](lam)
         S = lam * S
     if rd is not None:
         S = S * rd.to(dt).exp()[..., None, :]
@@ -124,13 +126,27 @@ class PackedLayout:
         return x[torch.arange(self.N, device=x.device), self.lens - 1]
 
 
-def ones_column(v):
-    """Ones shaped like v with one column: the values whose core output is a normalizer (Σ weights)."""
-    return v.new_ones(*v.shape[:-1], 1)
-
-
 def with_ones_column(v):
-    """[v, 1] along the last dim: a normalizer carried as one more value column in the one-step forms (mLSTMexp,
-    normalized attention; its key's constant feature too). The chunked forms use a separate core call with
-    `ones_column` values instead: V + 1 columns made the kernels 2.5-6.4x slower (benchmarks/RESULTS.md, session 4)."""
+    """[v, 1] along the last dim: a normalizer carried as one more value column (mLSTMexp, normalized attention;
+    the key's constant feature of normalized attention's one-step form too)."""
     return torch.cat([v, torch.ones_like(v[..., :1])], -1)
+
+
+def core_with_normalizer(q, k, v, ld=None, *, initial_state=None, initial_norm=None, **kw):
+    """The core on values v and on a column of ones (its output the normalizer Σ weights):
+    (o [.., V], normalizer [.., 1], final state [.., K, V] or None, final normalizer state [.., K, 1] or None).
+    initial_state and initial_norm [.., K, 1] come together or not at all; kw: linear_attention's other arguments.
+
+    One call on v' = [v, 1] where the PyTorch path runs (V + 1 columns cost it ~1/V more: on a CPU 30 % less
+    time than two calls); two calls where the Triton kernels run: a row of V + 1 = 129 values is not a multiple
+    of 16, and the GPU compiler then spills (benchmarks/results/offline_compile_normalizer_sm90.txt; 2.5-6.4x
+    per kernel on an H100, benchmarks/RESULTS.md, session 4)."""
+    from ..core.backends import runs_triton
+    V = v.shape[-1]
+    if runs_triton(kw.get("backend", "auto"), q.device):
+        o, S = linear_attention(q, k, v, ld, initial_state=initial_state, **kw)
+        d, n = linear_attention(q, k, v.new_ones(*v.shape[:-1], 1), ld, initial_state=initial_norm, **kw)
+        return o, d, S, n
+    S0 = None if initial_state is None else torch.cat([initial_state, initial_norm], -1)
+    o, S = linear_attention(q, k, with_ones_column(v), ld, initial_state=S0, **kw)
+    return o[..., :V], o[..., V:], (None if S is None else S[..., :V]), (None if S is None else S[..., V:])

@@ -14,12 +14,12 @@ mLSTMexp (Eq. 1-4), with the max state m and the normalizer n:
 
 How mLSTMexp runs on the core. This *is* a core recurrence, once the max state is known: the stabilized
 decay ld'_t = logσ(f_t) + m_{t-1} − m_t and the stabilized input weight w_t = exp(i_t − m_t) are both
-<= 0 in log space (m_t >= logσ(f_t) + m_{t-1} and m_t >= i_t by its definition), so one core call with
-keys k·w and scalar decay ld' gives the numerator Cᵀq (values v, state C), and one more with a single value
-column of ones the normalizer nᵀq (state n). No exponent that is ever materialized is
-positive, so gates ĩ of any size and forget gates of any strength stay finite: exp(i − m) <= 1, the core
-only forms exp of sums of ld' <= 0, and exp(−m) is clamped to the float32 range (where it would pass it,
-h underflows to 0 either way).
+<= 0 in log space (m_t >= logσ(f_t) + m_{t-1} and m_t >= i_t by its definition), so the core with keys k·w
+and scalar decay ld' gives the numerator Cᵀq (values v, state C) and the normalizer nᵀq (values of ones,
+state n; one call on [v, 1] or two: ula.ops._common.core_with_normalizer). No exponent that is ever
+materialized is positive, so gates ĩ of any size and forget gates of any strength stay finite: exp(i − m) <= 1,
+the core only forms exp of sums of ld' <= 0, and exp(−m) is clamped to the float32 range (where it would pass
+it, h underflows to 0 either way).
 
 The max state is a scan, but a closed form one: with F_t = Σ_{u<=t} logσ(f_u) (per sequence),
     m_t = F_t + max(m_0, max_{s<=t} (i_s − F_s))
@@ -43,7 +43,7 @@ import torch.nn.functional as F
 from ..core import linear_attention
 from ..core.time_scan import scan_time
 from ._checks import check_float, check_sequence, check_state_tuple, check_step_qkv, num_sequences
-from ._common import PackedLayout, _step, decay_dtype, ones_column, state_dtype, with_ones_column
+from ._common import PackedLayout, _step, core_with_normalizer, decay_dtype, state_dtype, with_ones_column
 
 VARIANTS = ("exp", "sig")
 
@@ -150,11 +150,10 @@ def mlstm(q, k, v, i, f, variant="exp", *, eps=1e-6, scale=None, initial_state=N
 
 
 def _exp_run(q, k, v, ldp, logw, m, mT, initial_state, eps, kw, anchor=None):
-    """mLSTMexp from its gates (`_exp_gates`): two core calls with keys k·exp(i − m̂) and decay ld', one with
-    values v (the numerator Cᵀq), one with a single column of ones (the normalizer nᵀq), then the live max
-    state put back and the normalizer divided out. (One call with v' = [v, 1] does the same work, but V + 1 value
-    columns cost its kernels 2.5-6.4x on an H100: benchmarks/RESULTS.md, session 4.) anchor: tied to the keys
-    (context parallelism: see `_mlstm_exp_cp`)."""
+    """mLSTMexp from its gates (`_exp_gates`): the core with keys k·exp(i − m̂) and decay ld' on values v (the
+    numerator Cᵀq) and on a column of ones (the normalizer nᵀq; `core_with_normalizer`), then the live max state
+    put back and the normalizer divided out. anchor: tied to the keys (context parallelism: see
+    `_mlstm_exp_cp`)."""
     gate = None
     if anchor is not None:
         from ..core.context_parallel import tie
@@ -166,9 +165,8 @@ def _exp_run(q, k, v, ldp, logw, m, mT, initial_state, eps, kw, anchor=None):
         C0, n0, m0 = initial_state
         live = _one(m0.double()).to(C0.dtype)[..., None, None]  # exp(m_0 - m̂_0)
         C0, n0 = C0 * live, n0.unsqueeze(-1) * live
-    ld = ldp.to(decay_dtype(q))
-    num, C = linear_attention(q, ks, v, ld, initial_state=C0, key_gate=gate, **kw)
-    den, n = linear_attention(q, ks, ones_column(v), ld, initial_state=n0, key_gate=gate, **kw)
+    num, den, C, n = core_with_normalizer(q, ks, v, ldp.to(decay_dtype(q)), initial_state=C0, initial_norm=n0,
+                                          key_gate=gate, **kw)
     back = _one(-m).unsqueeze(-1)  # exp(m̂ - m)
     h = (num * back.to(num.dtype)) / _denominator(den * back.to(den.dtype), m.unsqueeze(-1), eps)
     if C is None:

@@ -8,9 +8,9 @@ Numerator and denominator together: q' = [b q, a], k' = [k, 1], v' = [v, 1] make
 so column j < V of Σ (q'_i·k'_n) v'_n is the numerator and the last column the denominator. This is the
 augmentation of DESIGN §3 with a, b moved entirely to the query side (no square roots: a, b may be zero or
 negative and their gradients stay finite). The chunked path splits q'·k' in its two parts, so the core call
-keeps K features (K + 1 would add a tile of one feature to every matmul), and the value's ones column is a
-core call of its own (V + 1 columns made the kernels 2.5x slower):
-    o'_i = b · core(q, k, v')_i  +  a · Σ_{n<=i} v'_n      (core calls with v and with ones; a cumulative sum,
+keeps K features (K + 1 would add a tile of one feature to every matmul):
+    o'_i = b · core(q, k, v')_i  +  a · Σ_{n<=i} v'_n      (ula.ops._common.core_with_normalizer: one core call on
+                                                            v' or, on the Triton path, two; a cumulative sum,
                                                             whose ones column is the position)
 The state is S = Σ k'_n v'_nᵀ [B, H, K+1, V+1] (Σ k vᵀ, Σ k, Σ vᵀ, count), independent of a and b, so a and
 b can change between calls; memory stays O(T·D).
@@ -23,10 +23,9 @@ as long as (a − |b|) >= eps."""
 import torch
 import torch.nn.functional as F
 
-from ..core import linear_attention
 from ..core.time_scan import scan_time
 from ._checks import check_sequence, check_step_qkv, check_step_state, num_sequences
-from ._common import PackedLayout, _step, decay_dtype, ones_column, with_ones_column
+from ._common import PackedLayout, _step, core_with_normalizer, decay_dtype, with_ones_column
 
 
 def _coef(name, x, like):
@@ -90,8 +89,7 @@ def normalized_linear_attention(q, k, v, a=1.0, b=1.0, *, qk_l2_norm=True, eps=1
     kw = dict(scale=1.0, output_final_state=output_final_state, cu_seqlens=cu_seqlens, chunk_size=chunk_size,
               backend=backend)
     h0, d0 = (None, None) if S0 is None else (S0[:, :, :K, :V].contiguous(), S0[:, :, :K, V:].contiguous())
-    num, Sn = linear_attention(qb, k, v, initial_state=h0, **kw)
-    den, Sd = linear_attention(qb, k, ones_column(v), initial_state=d0, **kw)
+    num, den, Sn, Sd = core_with_normalizer(qb, k, v, initial_state=h0, initial_norm=d0, **kw)
     # the a part: a · (z0 + Σ_{n<=i} v'_n) per sequence, z0 the last row of the initial state; Σ 1 is the position
     lay = PackedLayout(cu_seqlens, q.shape[1], q.device)
     dt = decay_dtype(q)
