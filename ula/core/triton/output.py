@@ -17,7 +17,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .utils import alloc, block, cdiv, launch, mm, operand, tuned
+from .utils import alloc, block, cdiv, launch, mm, operand, tuned, warps_for
 
 
 @triton.jit
@@ -332,9 +332,10 @@ def chunk_output(q, k, v, b, c, border, h0, scale, layout, reverse, dot, out_dty
     V = v.shape[-1]
     vec = (b is not None and b.shape[-1] > 1) or c is not None
     C = layout.C
-    BT, BK, BV, W = tuned("output_vec" if vec else "output",
-                          (16, 32, 128, 4) if vec else (64, 64, 128, 4))  # benchmarks/results/tile_sweep_h100*.json
-    BT, BK, BV = min(C, BT), block(K, BK), block(V, BV)
+    name = "output_vec" if vec else "output"
+    # benchmarks/results/tile_sweep_h100*.json
+    BT, BK, BV, W = tuned(name, (16, 32, 128, 4) if vec else (64, 64, 128, 4))
+    BT, BK, BV, W = min(C, BT), block(K, BK), block(V, BV), warps_for(name, W, dot)
     o = alloc((B, T, H, V), q.device, out_dtype)
     dummy = border
     slabs = (cdiv(V, BV), B, T, H)

@@ -7,7 +7,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .utils import alloc, block, cdiv, is_tuned, launch, mm, multiprocessors, operand, tuned
+from .utils import alloc, block, cdiv, is_tuned, launch, mm, multiprocessors, operand, tuned, warps_for
 
 
 @triton.jit
@@ -224,7 +224,7 @@ def chunk_states(k, v, b, c, h0, layout, reverse, dot, state_dtype=torch.float32
     border = alloc((B, H, layout.n, K, V), k.device, state_dtype)
     final = alloc((N, H, K, V), k.device)
     BT, BK, BV, W = tuned("state", (128, 64, 64, 4))
-    BT, BK, BV = min(layout.C, BT), block(K, BK), block(V, BV)
+    BT, BK, BV, W = min(layout.C, BT), block(K, BK), block(V, BV), warps_for("state", W, dot)
     # few sequences x heads leave most multiprocessors idle in this sequential kernel: narrower K tiles give
     # twice the programs (B=1 T=65536 H=16 on an H100: constant decay f+b 5.39 -> 4.86 ms,
     # benchmarks/results/tile_sweep_h100_b1t65536.json)

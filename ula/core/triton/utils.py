@@ -110,6 +110,14 @@ def tuned(kernel, defaults):
     return tuple(int(x) for x in cfg.split(",")) if cfg else defaults
 
 
+def warps_for(kernel, W, dot):
+    """Warps of a state or output kernel: W, but 8 for float32 matmul operands (float32 inputs; the passes of a
+    learnable constant decay's gradient), where 4 warps leave too few registers per thread: compiled for sm_90, 43
+    of 72 such configurations spill (up to 4.4 KB per thread), 4 at 8 warps (benchmarks/offline_compile_f32.py;
+    a compiler report, not a timing). Hand-set tiles (ULA_TUNE_*, set_tuning) keep their own."""
+    return 8 if dot == DOT_F32 and not is_tuned(kernel) else W
+
+
 def is_tuned(kernel):
     """Whether a kernel's tiles are set by hand (ULA_TUNE_* or set_tuning): heuristics then leave them alone."""
     return bool(_TUNING) and kernel.lower() in _TUNING
