@@ -73,8 +73,9 @@ def compile_one(kernel, sig, constexprs, num_warps, attrs=None, arch=90):
     with tempfile.NamedTemporaryFile("w", suffix=".ptx", delete=False) as f:
         f.write(k.asm["ptx"])
     try:
-        out = subprocess.run([ptxas, f"-arch=sm_{arch}a", "-v", f.name, "-o", os.devnull], capture_output=True,
-                             text=True, check=True).stderr
+        arch_flag = f"-arch=sm_{arch}" + ("a" if arch == 90 else "")  # Triton targets sm_90a on Hopper
+        out = subprocess.run([ptxas, arch_flag, "-v", f.name, "-o", os.devnull], capture_output=True, text=True,
+                             check=True).stderr
     finally:
         os.unlink(f.name)
     regs = int(re.search(r"Used (\d+) registers", out).group(1))

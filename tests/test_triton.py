@@ -232,3 +232,32 @@ def test_fused_step(decay, K, V):
                                                   initial_state=state, output_final_state=True)
         assert S.dtype == torch.float32 and o.dtype == v.dtype
         _check({"o": rel(o, o_ref[:, 0]), "S": rel(S, S_ref)}, seed)
+
+
+def test_launch_falls_back_to_fewer_stages_where_shared_memory_is_short():
+    """A GPU with less shared memory than the H100 the tiles were chosen on (an A100 for float32 inputs): the
+    launch retries with fewer pipeline stages; where even one stage does not fit, a clear error says what to do."""
+    from triton.runtime.errors import OutOfResources
+
+    from ula.core.triton.utils import launch
+
+    class FakeKernel:
+        def __init__(self, fits_at):
+            self.fits_at, self.tried = fits_at, []
+            self.fn = type("fn", (), {"__name__": "_fake_kernel"})
+
+        def __getitem__(self, grid):
+            def call(*args, num_warps, num_stages=None, **constexprs):
+                self.tried.append(num_stages)
+                if num_stages not in self.fits_at:
+                    raise OutOfResources(200_000, 166_912, "shared memory")
+            return call
+
+    k = FakeKernel(fits_at=(1,))
+    launch(k, (1,), 1.0, num_warps=4, X=1)
+    assert k.tried == [None, 2, 1]
+    k = FakeKernel(fits_at=(None,))
+    launch(k, (1,), 1.0, num_warps=4, X=1)
+    assert k.tried == [None]
+    with pytest.raises(RuntimeError, match="smaller chunk_size"):
+        launch(FakeKernel(fits_at=()), (1,), 1.0, num_warps=4, X=1)

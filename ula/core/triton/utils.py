@@ -161,7 +161,7 @@ def launch(kernel, grid, *args, num_warps=4, **constexprs):
     cache lookup. Every runtime argument positionally and in order, every constexpr by name."""
     hooks = knobs.runtime.launch_enter_hook
     if INTERPRET or (hooks is not None and getattr(hooks, "calls", True)):  # a profiler's hooks: Triton's path
-        kernel[grid](*args, num_warps=num_warps, **constexprs)
+        _launch_fitting(kernel, grid, args, num_warps, constexprs)
         return
     dev = torch.cuda.current_device()
     # tensors by dtype and alignment, numbers by value (the kernel by id: its own hash takes a lock)
@@ -169,7 +169,7 @@ def launch(kernel, grid, *args, num_warps=4, **constexprs):
            *[(a.dtype, a.data_ptr() & 15 == 0) if isinstance(a, Tensor) else a for a in args])
     hit = _LAUNCHES.get(key)
     if hit is None:
-        compiled = kernel[grid](*args, num_warps=num_warps, **constexprs)
+        compiled = _launch_fitting(kernel, grid, args, num_warps, constexprs)
         if hasattr(compiled, "result"):
             compiled = compiled.result()
         names = kernel.arg_names[len(args):]
@@ -181,6 +181,23 @@ def launch(kernel, grid, *args, num_warps=4, **constexprs):
     tail = tuple(constexprs[n] for n in names)
     g = tuple(grid) + (1, 1)
     run(g[0], g[1], g[2], _current_stream(dev), function, meta, None, None, None, *args, *tail)
+
+
+def _launch_fitting(kernel, grid, args, num_warps, constexprs):
+    """kernel[grid](...) with Triton's default software pipelining, or with fewer stages where its buffers do not
+    fit the GPU's shared memory: the tiles are chosen on an H100 (228 KB per block), other GPUs have less (an
+    A100 164 KB: float32 inputs need 208 KB there at 3 stages, compiled for sm_80 by tests/offline_compile.py).
+    Returns what the launch returns (the compiled kernel)."""
+    from triton.runtime.errors import OutOfResources
+    for stages in (None, 2, 1):
+        try:
+            if stages is None:
+                return kernel[grid](*args, num_warps=num_warps, **constexprs)
+            return kernel[grid](*args, num_warps=num_warps, num_stages=stages, **constexprs)
+        except OutOfResources as e:
+            err = e
+    raise RuntimeError(f"{kernel.fn.__name__}: even without software pipelining its tiles need more than this GPU "
+                       f"has ({err}); pass a smaller chunk_size, or backend='torch'") from err
 
 
 def _current_stream(dev):
