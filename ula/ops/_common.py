@@ -1,4 +1,5 @@
-"""Helpers shared by the families: the one-token recurrent step, gate dtypes, packed <-> padded layout."""
+"""Helpers shared by the families: the one-token recurrent step (one fused kernel on CUDA), the core with a
+normalizer (values and a column of ones), gate dtypes, packed <-> padded layout."""
 import contextlib
 
 import torch
