@@ -86,7 +86,7 @@ def compile_one(kernel, sig, constexprs, num_warps, attrs=None, arch=90):
 def core_cases(B=2, T=300, H=2, K=128, V=128, dtype=torch.bfloat16):
     """Forward+backward of ula.linear_attention the way a GPU runs them: every decay kind at K = V = 128, decays
     requiring gradients (a learnable constant one takes float32 matmuls), mLSTM's key gate, then reverse,
-    varlen, a tiled chunk, a right decay, float16, K = 96 / V = 256, one column of ones as values (a normalizer),
+    varlen, a tiled chunk, a right decay, float16, K = 96 / V = 256, a value without a gradient (no dV pass),
     K = V = 100; and the decoding step kernel."""
     import torch.nn.functional as F
 
@@ -101,7 +101,7 @@ def core_cases(B=2, T=300, H=2, K=128, V=128, dtype=torch.bfloat16):
                  dict(ld=lsig(B, T, H), reverse=True), dict(ld=lsig(1, B * T, H, K), cu=[0, 7, 250, B * T]),
                  dict(ld=lsig(B, T, H), chunk_size=512), dict(ld=lsig(B, T, H, K), rd=lsig(B, T, H, V)),
                  dict(ld=lsig(B, T, H, K), dtype=torch.float16), dict(ld=lsig(B, T, H), Kx=96, Vx=256),
-                 dict(ld=lsig(B, T, H), key_gate=lsig(B, T, H), Vx=1, ones=True),  # mLSTMexp's normalizer call
+                 dict(ld=lsig(B, T, H), key_gate=lsig(B, T, H), Vx=1, ones=True),
                  dict(ld=lsig(B, T, H, 100), Kx=100, Vx=100)]  # padded to 112 for the kernels
         for c in cases:
             cu = c.get("cu")

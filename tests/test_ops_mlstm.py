@@ -41,7 +41,7 @@ def _ref(variant):
 @pytest.mark.parametrize("h0", [False, True])
 @pytest.mark.parametrize("variant", ["exp", "sig"])
 def test_mlstm(variant, h0, backend):
-    """Both backends (exp runs two core calls, the values and a column of ones: a one-column case for the kernels)."""
+    """Both backends (the Triton path pads exp's [v, 1] value rows to a multiple of 16 where V + 1 is over 16)."""
     if backend == "triton":
         pytest.importorskip("triton")
     seed = fresh_seed()

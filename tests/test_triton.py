@@ -38,8 +38,8 @@ def _on(inputs, dtype=None):
     return tuple(out)
 
 
-# (T, chunk, K, V, reverse): odd lengths, K != V, both directions, chunk 16/32/64; V = 1 is how mLSTMexp and
-# normalized attention get their normalizers (values of ones)
+# (T, chunk, K, V, reverse): odd lengths, K != V (V = 24 is padded to 32 on this path), both directions, chunk
+# 16/32/64, a single value column
 CASES = [(37, 16, 16, 24, False), (100, 32, 32, 12, True), (1, 64, 16, 16, True), (100, 64, 16, 24, False),
          (37, 16, 16, 1, True)]
 

@@ -1,6 +1,5 @@
 """The public entry point `linear_attention`: checks, backend choice, autograd."""
 import torch
-
 import torch.nn.functional as F
 
 from .autograd import gated_keys
@@ -51,16 +50,18 @@ def linear_attention(q, k, v, ld=None, rd=None, *, scale=None, initial_state=Non
         chunk_size = pick(ld, rd) if pick is not None else 64
     K, V = q.shape[-1], v.shape[-1]
     pk, pv = _pad_to_16(K), _pad_to_16(V)
-    if (pk or pv) and runs_triton(backend, q.device):
-        # zero features: nothing changes but the rows' alignment (_pad_to_16)
+    padded = (pk or pv) and runs_triton(backend, q.device)
+    if padded:  # zero features: nothing changes but the rows' alignment (_pad_to_16)
         q, k = F.pad(q, (0, pk)), F.pad(k, (0, pk))
         v, rd = F.pad(v, (0, pv)), None if rd is None else F.pad(rd, (0, pv))
         ld = F.pad(ld, (0, pk)) if ld is not None and ld.dim() == 4 else ld
         initial_state = None if initial_state is None else F.pad(initial_state, (0, pv, 0, pk))
-        o, S, _ = run(q, k, v, ld, rd, initial_state, cu_seqlens, scale, reverse, chunk_size, backend, key_gate)
-        return o[..., :V].contiguous(), (S[..., :K, :V].contiguous() if output_final_state else None)
     o, S, _ = run(q, k, v, ld, rd, initial_state, cu_seqlens, scale, reverse, chunk_size, backend, key_gate)
-    return o, (S if output_final_state else None)
+    if not output_final_state:
+        S = None
+    if padded:
+        o, S = o[..., :V].contiguous(), (None if S is None else S[..., :K, :V].contiguous())
+    return o, S
 
 
 def _pad_to_16(n):

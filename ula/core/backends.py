@@ -21,7 +21,6 @@ def chunk_fn(backend, device):
     return chunk_recurrence_triton
 
 
-
 def runs_triton(backend, device):
     """Whether the core runs the Triton kernels for this backend and device (errors as `chunk_fn`)."""
     return chunk_fn(backend, device) is not chunk_recurrence

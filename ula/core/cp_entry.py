@@ -67,11 +67,10 @@ class _EntryTerm(torch.autograd.Function):
         Em = E.to(mm)
         drd = None
         if rd is not None:
-            corr = torch.einsum("blhk,bhkv->blhv", ql, Em).to(sdt)
-            dCr = dC.to(sdt) * torch.exp(cum_log(rd.to(sdt), reverse))
-            if ctx.needs_input_grad[2]:
-                drd = _cum_log_adjoint((dCr * corr * scale).sum_to_size(rd.shape), reverse).to(rd.dtype)
-            dC = dCr.to(mm)
+            dC = dC.to(sdt) * torch.exp(cum_log(rd.to(sdt), reverse))
+            if ctx.needs_input_grad[2]:  # d cum_t = dC_t ⊙ exp(c_t) ⊙ (the term before exp(c_t))
+                corr = torch.einsum("blhk,bhkv->blhv", ql, Em).to(sdt)
+                drd = _cum_log_adjoint((dC * corr * scale).sum_to_size(rd.shape), reverse).to(rd.dtype)
         dC = dC.to(mm)
         dql = torch.einsum("blhv,bhkv->blhk", dC, Em) * scale
         dE = (torch.einsum("blhk,blhv->bhkv", ql, dC) * scale).to(E.dtype) if ctx.needs_input_grad[3] else None

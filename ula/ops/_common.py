@@ -1,10 +1,9 @@
-"""Helpers shared by the families: the one-token recurrent step (one fused kernel on CUDA), the core with a
-normalizer (values and a column of ones), gate dtypes, packed <-> padded layout."""
+"""Helpers shared by the families: the one-token recurrent step (one fused kernel on CUDA), gate dtypes, packed
+<-> padded layout, the normalizer's column of ones."""
 import contextlib
 
 import torch
 
-from ..core import linear_attention
 from ._checks import check_float, check_step_qkv, check_step_state
 
 
@@ -129,25 +128,7 @@ class PackedLayout:
 
 def with_ones_column(v):
     """[v, 1] along the last dim: a normalizer carried as one more value column (mLSTMexp, normalized attention;
-    the key's constant feature of normalized attention's one-step form too)."""
+    the key's constant feature of normalized attention's one-step form too). On the Triton path the core pads
+    such a 129-wide row to 144 (ula.core.api._pad_to_16)."""
     return torch.cat([v, torch.ones_like(v[..., :1])], -1)
 
-
-def core_with_normalizer(q, k, v, ld=None, *, initial_state=None, initial_norm=None, **kw):
-    """The core on values v and on a column of ones (its output the normalizer Σ weights):
-    (o [.., V], normalizer [.., 1], final state [.., K, V] or None, final normalizer state [.., K, 1] or None).
-    initial_state and initial_norm [.., K, 1] come together or not at all; kw: linear_attention's other arguments.
-
-    One call on v' = [v, 1] where the PyTorch path runs (V + 1 columns cost it ~1/V more: on a CPU 30 % less
-    time than two calls); two calls where the Triton kernels run: a row of V + 1 = 129 values is not a multiple
-    of 16, and the GPU compiler then spills (benchmarks/results/offline_compile_normalizer_sm90.txt; 2.5-6.4x
-    per kernel on an H100, benchmarks/RESULTS.md, session 4)."""
-    from ..core.backends import runs_triton
-    V = v.shape[-1]
-    if runs_triton(kw.get("backend", "auto"), q.device):
-        o, S = linear_attention(q, k, v, ld, initial_state=initial_state, **kw)
-        d, n = linear_attention(q, k, v.new_ones(*v.shape[:-1], 1), ld, initial_state=initial_norm, **kw)
-        return o, d, S, n
-    S0 = None if initial_state is None else torch.cat([initial_state, initial_norm], -1)
-    o, S = linear_attention(q, k, with_ones_column(v), ld, initial_state=S0, **kw)
-    return o[..., :V], o[..., V:], (None if S is None else S[..., :V]), (None if S is None else S[..., V:])

@@ -14,12 +14,12 @@ mLSTMexp (Eq. 1-4), with the max state m and the normalizer n:
 
 How mLSTMexp runs on the core. This *is* a core recurrence, once the max state is known: the stabilized
 decay ld'_t = logσ(f_t) + m_{t-1} − m_t and the stabilized input weight w_t = exp(i_t − m_t) are both
-<= 0 in log space (m_t >= logσ(f_t) + m_{t-1} and m_t >= i_t by its definition), so the core with keys k·w
-and scalar decay ld' gives the numerator Cᵀq (values v, state C) and the normalizer nᵀq (values of ones,
-state n; one call on [v, 1] or two: ula.ops._common.core_with_normalizer). No exponent that is ever
-materialized is positive, so gates ĩ of any size and forget gates of any strength stay finite: exp(i − m) <= 1,
-the core only forms exp of sums of ld' <= 0, and exp(−m) is clamped to the float32 range (where it would pass
-it, h underflows to 0 either way).
+<= 0 in log space (m_t >= logσ(f_t) + m_{t-1} and m_t >= i_t by its definition), so one core call with
+keys k·w, scalar decay ld' and values v' = [v, 1] gives the numerator Cᵀq (first V columns) and the
+normalizer nᵀq (last column); the core state is [C | n]. No exponent that is ever materialized is
+positive, so gates ĩ of any size and forget gates of any strength stay finite: exp(i − m) <= 1, the core
+only forms exp of sums of ld' <= 0, and exp(−m) is clamped to the float32 range (where it would pass it,
+h underflows to 0 either way).
 
 The max state is a scan, but a closed form one: with F_t = Σ_{u<=t} logσ(f_u) (per sequence),
     m_t = F_t + max(m_0, max_{s<=t} (i_s − F_s))
@@ -28,8 +28,8 @@ a cummax along time, done in float64 (F grows linearly with T; float64 keeps the
 exact enough for any practical length), per sequence (cu_seqlens packs are padded for the scan).
 Gradients. The core sees only detached copies m̂ of the max state: keys k·exp(i − m̂), decays
 logσ(f) + m̂_{t-1} − m̂_t, and the initial state times exp(m_0 − m̂_0) (value 1). Its outputs are then
-(like its final states) exactly (Cᵀq, nᵀq)·exp(−m̂) as functions of i, f, m_0 and the rest, and a factor
-exp(m̂ − m) (value 1) puts the live m back (on the final states too), before h = num / (max(|den|, exp(−m)) + eps).
+(like its final state) exactly (Cᵀq, nᵀq)·exp(−m̂) as functions of i, f, m_0 and the rest, and a factor
+exp(m̂ − m) (value 1) puts the live m back (on the final state too), before h = num / (max(|den|, exp(−m)) + eps).
 So the gradient is exact (with eps > 0 h does depend on m) while the core's log-decay gradients carry no m terms
 that would only cancel: those are formed as differences of O(1) float32 sums (paper 002 §4.3), and terms that
 cancel there leave noise.
@@ -43,7 +43,7 @@ import torch.nn.functional as F
 from ..core import linear_attention
 from ..core.time_scan import scan_time
 from ._checks import check_float, check_sequence, check_state_tuple, check_step_qkv, num_sequences
-from ._common import PackedLayout, _step, core_with_normalizer, decay_dtype, state_dtype, with_ones_column
+from ._common import PackedLayout, _step, decay_dtype, state_dtype, with_ones_column
 
 VARIANTS = ("exp", "sig")
 
@@ -150,29 +150,28 @@ def mlstm(q, k, v, i, f, variant="exp", *, eps=1e-6, scale=None, initial_state=N
 
 
 def _exp_run(q, k, v, ldp, logw, m, mT, initial_state, eps, kw, anchor=None):
-    """mLSTMexp from its gates (`_exp_gates`): the core with keys k·exp(i − m̂) and decay ld' on values v (the
-    numerator Cᵀq) and on a column of ones (the normalizer nᵀq; `core_with_normalizer`), then the live max state
-    put back and the normalizer divided out. anchor: tied to the keys (context parallelism: see
-    `_mlstm_exp_cp`)."""
+    """mLSTMexp from its gates (`_exp_gates`): one core call (keys k·exp(i − m̂), decay ld', values [v, 1]),
+    then the live max state put back and the normalizer divided out. anchor: tied to the keys (context
+    parallelism: see `_mlstm_exp_cp`)."""
     gate = None
     if anchor is not None:
         from ..core.context_parallel import tie
         ks = tie(k * logw.exp().unsqueeze(-1).to(k.dtype), anchor)
     else:  # exp(ĩ − m̂) as a key gate, applied by the kernels as they read k
         ks, gate = k, logw.to(decay_dtype(q))
-    C0 = n0 = None
+    V = v.shape[-1]
+    va = with_ones_column(v)
+    S0 = None
     if initial_state is not None:
         C0, n0, m0 = initial_state
-        live = _one(m0.double()).to(C0.dtype)[..., None, None]  # exp(m_0 - m̂_0)
-        C0, n0 = C0 * live, n0.unsqueeze(-1) * live
-    num, den, C, n = core_with_normalizer(q, ks, v, ldp.to(decay_dtype(q)), initial_state=C0, initial_norm=n0,
-                                          key_gate=gate, **kw)
-    back = _one(-m).unsqueeze(-1)  # exp(m̂ - m)
-    h = (num * back.to(num.dtype)) / _denominator(den * back.to(den.dtype), m.unsqueeze(-1), eps)
-    if C is None:
+        S0 = torch.cat([C0, n0.unsqueeze(-1)], -1) * _one(m0.double()).to(C0.dtype)[..., None, None]
+    o, S = linear_attention(q, ks, va, ldp.to(decay_dtype(q)), initial_state=S0, key_gate=gate, **kw)
+    o = o * _one(-m).unsqueeze(-1).to(o.dtype)  # exp(m̂ - m)
+    h = o[..., :V] / _denominator(o[..., V:], m.unsqueeze(-1), eps)
+    if S is None:
         return h, None
-    back = _one(-mT)[..., None, None]  # exp(m̂_T - m_T): the states are (C̄, n̄) exp(-m_T)
-    return h, (C * back.to(C.dtype), (n * back.to(n.dtype))[..., 0], mT.to(C.dtype))
+    S = S * _one(-mT).to(S.dtype)[..., None, None]  # exp(m̂_T - m_T): the state is [C̄ | n̄] exp(-m_T)
+    return h, (S[..., :V], S[..., V], mT.to(S.dtype))
 
 
 def _mlstm_exp_cp(q, k, v, i, f, eps, initial_state, group, kw):
@@ -186,7 +185,7 @@ def _mlstm_exp_cp(q, k, v, i, f, eps, initial_state, group, kw):
     small differentiable all-gather (float64), and every rank runs the scan over ranks and pieces: the max
     state entering its own pieces, and each sequence's final m. Locally m_t = F_t + max(m_enter, cummax(i − F)_t)
     is then exactly the global max state, so the core's keys k·exp(i − m̂) and decays ld' are those of the
-    single-process call and `linear_attention(..., cp_group=group)` carries the stabilised C and n across ranks.
+    single-process call and `linear_attention(..., cp_group=group)` carries the stabilised [C | n] across ranks.
     Gradients of i, f and m_0 of earlier ranks reach them through the all-gather's backward. The keys are tied
     to the gathered data (`tie`) so that on every rank the backward runs the core's collective before this
     one (the same order everywhere)."""

@@ -9,9 +9,7 @@ so column j < V of Σ (q'_i·k'_n) v'_n is the numerator and the last column the
 augmentation of DESIGN §3 with a, b moved entirely to the query side (no square roots: a, b may be zero or
 negative and their gradients stay finite). The chunked path splits q'·k' in its two parts, so the core call
 keeps K features (K + 1 would add a tile of one feature to every matmul):
-    o'_i = b · core(q, k, v')_i  +  a · Σ_{n<=i} v'_n      (ula.ops._common.core_with_normalizer: one core call on
-                                                            v' or, on the Triton path, two; a cumulative sum,
-                                                            whose ones column is the position)
+    o'_i = b · core(q, k, v')_i  +  a · Σ_{n<=i} v'_n      (one core call, v' = [v, 1]; a cumulative sum)
 The state is S = Σ k'_n v'_nᵀ [B, H, K+1, V+1] (Σ k vᵀ, Σ k, Σ vᵀ, count), independent of a and b, so a and
 b can change between calls; memory stays O(T·D).
 
@@ -23,9 +21,10 @@ as long as (a − |b|) >= eps."""
 import torch
 import torch.nn.functional as F
 
+from ..core import linear_attention
 from ..core.time_scan import scan_time
 from ._checks import check_sequence, check_step_qkv, check_step_state, num_sequences
-from ._common import PackedLayout, _step, core_with_normalizer, decay_dtype, with_ones_column
+from ._common import PackedLayout, _step, decay_dtype, with_ones_column
 
 
 def _coef(name, x, like):
@@ -48,25 +47,26 @@ def _coef(name, x, like):
     return x.unsqueeze(-1)
 
 
-def _parts(q, k, a, b, qk_l2_norm):
-    """(b q, k, a) after the optional L2 normalization; a, b floats or broadcastable to [..., H, 1]."""
+def _parts(q, k, v, a, b, qk_l2_norm):
+    """(b q, k, v' = [v, 1], a) after the optional L2 normalization; a, b floats
+    or broadcastable to [..., H, 1]."""
     a, b = _coef("a", a, q), _coef("b", b, q)
     if qk_l2_norm:
         q, k = F.normalize(q, dim=-1), F.normalize(k, dim=-1)
-    return (q if isinstance(b, float) and b == 1.0 else b * q), k, a
+    return (q if isinstance(b, float) and b == 1.0 else b * q), k, with_ones_column(v), a
 
 
 def _augment(q, k, v, a, b, qk_l2_norm):
     """q' = [b q, a], k' = [k, 1], v' = [v, 1] (the one-step form)."""
-    qb, k, a = _parts(q, k, a, b, qk_l2_norm)
-    va = with_ones_column(v)
+    qb, k, va, a = _parts(q, k, v, a, b, qk_l2_norm)
     a = qb.new_full((*qb.shape[:-1], 1), a) if isinstance(a, float) else a.expand(*qb.shape[:-1], 1)
     qa = torch.cat([qb, a], -1)
     ka = with_ones_column(k)
     return qa, ka, va
 
 
-def _divide(num, den, eps):
+def _divide(o, eps):
+    num, den = o[..., :-1], o[..., -1:]
     den = torch.where(den >= 0, den.clamp_min(eps), den.clamp_max(-eps))
     return num / den
 
@@ -83,29 +83,22 @@ def normalized_linear_attention(q, k, v, a=1.0, b=1.0, *, qk_l2_norm=True, eps=1
         N, _, H, K = (num_sequences(q, cu_seqlens),) + tuple(q.shape[1:])
         check_step_state("normalized_linear_attention", initial_state, (N, H, K + 1, v.shape[-1] + 1),
                          "[B, H, K + 1, V + 1] ([N, ...] with cu_seqlens)", name="initial_state")
-    qb, k, a = _parts(q, k, a, b, qk_l2_norm)
-    K, V = k.shape[-1], v.shape[-1]
+    qb, k, va, a = _parts(q, k, v, a, b, qk_l2_norm)
+    K, V1 = k.shape[-1], v.shape[-1] + 1
     S0 = initial_state
-    kw = dict(scale=1.0, output_final_state=output_final_state, cu_seqlens=cu_seqlens, chunk_size=chunk_size,
-              backend=backend)
-    h0, d0 = (None, None) if S0 is None else (S0[:, :, :K, :V].contiguous(), S0[:, :, :K, V:].contiguous())
-    num, den, Sn, Sd = core_with_normalizer(qb, k, v, initial_state=h0, initial_norm=d0, **kw)
-    # the a part: a · (z0 + Σ_{n<=i} v'_n) per sequence, z0 the last row of the initial state; Σ 1 is the position
+    h0 = None if S0 is None else S0[:, :, :K].contiguous()
+    o, S = linear_attention(qb, k, va, scale=1.0, initial_state=h0, output_final_state=output_final_state,
+                            cu_seqlens=cu_seqlens, chunk_size=chunk_size, backend=backend)
+    # the a part: a · (z0 + Σ_{n<=i} v'_n) per sequence, z0 the last row of the initial state
     lay = PackedLayout(cu_seqlens, q.shape[1], q.device)
-    dt = decay_dtype(q)
-    z = scan_time(lay.pad(v.to(dt)), lambda y: y.cumsum(-1))  # [N, L, H, V]
-    count = torch.arange(1, z.shape[1] + 1, device=q.device, dtype=dt).view(1, -1, 1, 1)
+    z = scan_time(lay.pad(va[..., :V1].to(decay_dtype(q))), lambda y: y.cumsum(-1))  # [N, L, H, V+1]
     if S0 is not None:
-        z = z + S0[:, :, K, :V].to(dt).unsqueeze(1)
-        count = count + S0[:, :, K, V:].to(dt).unsqueeze(1)
-    else:
-        count = count.expand(z.shape[0], -1, z.shape[2], 1)
-    a = a if isinstance(a, float) else a.to(dt)
-    out = _divide(num.to(dt) + a * lay.unpad(z), den.to(dt) + a * lay.unpad(count), eps).to(v.dtype)
-    if Sn is None:
-        return out, None
-    last = torch.cat([lay.last_of(z), lay.last_of(count)], -1).to(Sn.dtype).unsqueeze(2)  # [N, H, 1, V + 1]
-    return out, torch.cat([torch.cat([Sn, Sd], -1), last], 2)
+        z = z + S0[:, :, K].to(z.dtype).unsqueeze(1)
+    a = a if isinstance(a, float) else a.to(z.dtype)
+    out = _divide(o[..., :V1].to(z.dtype) + a * lay.unpad(z), eps).to(v.dtype)
+    if S is not None:
+        S = torch.cat([S[..., :V1], lay.last_of(z).to(S.dtype).unsqueeze(2)], 2)
+    return out, S
 
 
 def normalized_linear_attention_step(q, k, v, a=1.0, b=1.0, state=None, *, qk_l2_norm=True, eps=1e-6):
@@ -116,4 +109,4 @@ def normalized_linear_attention_step(q, k, v, a=1.0, b=1.0, state=None, *, qk_l2
                      "[B, H, K + 1, V + 1]")
     qa, ka, va = _augment(q, k, v, a, b, qk_l2_norm)
     o, S = _step(qa, ka, va, None, None, state, 1.0)
-    return _divide(o[..., :-1], o[..., -1:], eps), S
+    return _divide(o, eps), S
