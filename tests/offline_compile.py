@@ -86,8 +86,7 @@ def compile_one(kernel, sig, constexprs, num_warps, attrs=None, arch=90):
 def core_cases(B=2, T=300, H=2, K=128, V=128, dtype=torch.bfloat16):
     """Forward+backward of ula.linear_attention the way a GPU runs them: every decay kind at K = V = 128, decays
     requiring gradients (a learnable constant one takes float32 matmuls), mLSTM's key gate, then reverse,
-    varlen, a tiled chunk, a right decay, float16, K = 96 / V = 256, a value without a gradient (no dV pass),
-    K = V = 100; and the decoding step kernel."""
+    varlen, a tiled chunk, a right decay, float16, K = 96 / V = 256, K = V = 100; and the decoding step kernel."""
     import torch.nn.functional as F
 
     import ula
@@ -101,7 +100,6 @@ def core_cases(B=2, T=300, H=2, K=128, V=128, dtype=torch.bfloat16):
                  dict(ld=lsig(B, T, H), reverse=True), dict(ld=lsig(1, B * T, H, K), cu=[0, 7, 250, B * T]),
                  dict(ld=lsig(B, T, H), chunk_size=512), dict(ld=lsig(B, T, H, K), rd=lsig(B, T, H, V)),
                  dict(ld=lsig(B, T, H, K), dtype=torch.float16), dict(ld=lsig(B, T, H), Kx=96, Vx=256),
-                 dict(ld=lsig(B, T, H), key_gate=lsig(B, T, H), Vx=1, ones=True),
                  dict(ld=lsig(B, T, H, 100), Kx=100, Vx=100)]  # padded to 112 for the kernels
         for c in cases:
             cu = c.get("cu")
@@ -111,8 +109,6 @@ def core_cases(B=2, T=300, H=2, K=128, V=128, dtype=torch.bfloat16):
             if ld is not None and ld.dim() == 4 and ld.shape[-1] != Kc:
                 ld = lsig(Bc, Tc, H, Kc)
             q, k, v = r(Bc, Tc, H, Kc, dt=dt), r(Bc, Tc, H, Kc, dt=dt), r(Bc, Tc, H, Vc, dt=dt)
-            if c.get("ones"):  # values without a gradient: no dV pass
-                v = torch.ones(Bc, Tc, H, Vc).to(dt)
             o, S = ula.linear_attention(q, k, v, ld, c.get("rd"), key_gate=c.get("key_gate"),
                                         output_final_state=True, reverse=c.get("reverse", False),
                                         chunk_size=c.get("chunk_size"), cu_seqlens=torch.tensor(cu) if cu else None,

@@ -71,16 +71,13 @@ def forward_pass(F, q, k, v, ld, rd, h0, scale, cu_seqlens, reverse, chunk_size,
     return o, S
 
 
-def backward_pass(F, q, k, v, ld, rd, h0, o, do, dS, scale, cu, rev, C, need_ld, need_rd, key_gate=None,
-                  need_v=True):
+def backward_pass(F, q, k, v, ld, rd, h0, o, do, dS, scale, cu, rev, C, need_ld, need_rd, key_gate=None):
     """dQ, dK, dV by the same F with roles swapped, d initial state from the dV pass, decay gradients in
     closed form. o (the forward output in the compute dtype) is needed only for a right decay; dS may be
     None. Returns (dq, dk, dv, dld, drd, dh0, d key_gate) in the dtypes of their inputs (None where not needed).
-    A backend may do it all in one function of its own (F.fused_backward, same math) where no right decay is;
-    need_v=False lets it skip dV (returned as None then; other paths compute it anyway)."""
+    A backend may do it all in one function of its own (F.fused_backward, same math) where no right decay is."""
     if native_key_gate(F, q, rd):
-        dq, dk, dv, dld, dh0, du = F.fused_backward(q, k, v, ld, h0, do, dS, scale, cu, rev, C, need_ld, key_gate,
-                                                    need_v)
+        dq, dk, dv, dld, dh0, du = F.fused_backward(q, k, v, ld, h0, do, dS, scale, cu, rev, C, need_ld, key_gate)
         return dq, dk, dv, dld, None, dh0, du
     if key_gate is None:
         return _backward_unfused(F, q, k, v, ld, rd, h0, o, do, dS, scale, cu, rev, C, need_ld, need_rd) + (None,)

@@ -34,10 +34,10 @@ def _forward(q, k, v, ld, rd, h0, cu_seqlens, scale, reverse, chunk_size, backen
 
 
 def _backward_impl(q, k, v, ld, rd, h0, o, do, dS, cu_seqlens, scale, reverse, chunk_size, backend, need_ld,
-                   need_rd, kg=None, need_v=True):
+                   need_rd, kg=None):
     F = chunk_fn(backend, q.device)
     grads = backward_pass(F, q, k, v, ld, rd, h0, o if o.numel() else None, do, dS, scale, cu_seqlens, reverse,
-                          chunk_size, need_ld, need_rd, kg, need_v)
+                          chunk_size, need_ld, need_rd, kg)
     return [g.contiguous() if g is not None else q.new_empty(_EMPTY) for g in grads]
 
 
@@ -62,15 +62,15 @@ def _(q, k, v, ld, rd, h0, cu_seqlens, scale, reverse, chunk_size, backend, kg):
 def linear_attention_bwd(q: Tensor, k: Tensor, v: Tensor, ld: Optional[Tensor], rd: Optional[Tensor],
                          h0: Optional[Tensor], o: Tensor, do: Tensor, dS: Optional[Tensor],
                          cu_seqlens: Optional[Tensor], scale: float, reverse: bool, chunk_size: int, backend: str,
-                         need_ld: bool, need_rd: bool, kg: Optional[Tensor], need_v: bool) -> List[Tensor]:
+                         need_ld: bool, need_rd: bool, kg: Optional[Tensor]) -> List[Tensor]:
     return _backward_impl(q, k, v, ld, rd, h0, o, do, dS, cu_seqlens, scale, reverse, chunk_size, backend, need_ld,
-                          need_rd, kg, need_v)
+                          need_rd, kg)
 
 
 @linear_attention_bwd.register_fake
-def _(q, k, v, ld, rd, h0, o, do, dS, cu_seqlens, scale, reverse, chunk_size, backend, need_ld, need_rd, kg, need_v):
+def _(q, k, v, ld, rd, h0, o, do, dS, cu_seqlens, scale, reverse, chunk_size, backend, need_ld, need_rd, kg):
     like = lambda x, need=True: x.new_empty(x.shape) if (x is not None and need) else q.new_empty(_EMPTY)  # noqa: E731
-    return [like(q), like(k), like(v, need_v), like(ld, need_ld), like(rd, need_rd), like(h0), like(kg)]
+    return [like(q), like(k), like(v), like(ld, need_ld), like(rd, need_rd), like(h0), like(kg)]
 
 
 def _setup_context(ctx, inputs, output):
@@ -84,17 +84,15 @@ def _grads(ctx, do, dS, bwd):
     scale, reverse, chunk_size, backend = ctx.cfg
     need_ld = ld is not None and ctx.needs_input_grad[3]
     need_rd = rd is not None and ctx.needs_input_grad[4]
-    need_v = ctx.needs_input_grad[2]  # v without a gradient: values of ones that make a normalizer (mLSTMexp)
     if do is None:  # only the final state was used (eager calls do not materialize zero gradients)
         do = torch.zeros_like(v)
     g = bwd(q, k, v, ld, rd, h0, o, do.contiguous(), dS, cu, scale, reverse, chunk_size, backend, need_ld, need_rd,
-            kg, need_v)
+            kg)
     dld = g[3] if need_ld else None
     drd = g[4] if need_rd else None
     dh0 = g[5] if h0 is not None else None
     dkg = g[6] if kg is not None else None
-    dv = g[2] if need_v else None
-    return g[0], g[1], dv, dld, drd, dh0, None, None, None, None, None, dkg
+    return g[0], g[1], g[2], dld, drd, dh0, None, None, None, None, None, dkg
 
 
 def _backward(ctx, do, dS, _do_keep):

@@ -33,10 +33,9 @@ def _bounds(layout, C):
     return layout.chunk_start, ends.to(torch.int32).contiguous()
 
 
-def fused_backward(q, k, v, ld, h0, do, dS, scale, cu_seqlens, rev, C, need_ld, key_gate=None, need_v=True):
+def fused_backward(q, k, v, ld, h0, do, dS, scale, cu_seqlens, rev, C, need_ld, key_gate=None):
     """(dq, dk, dv, dld, dh0, d key_gate) of o = F(q, k, v, ld, None, rev) for the gradient do of o and dS of
-    the final state (None: zero); ld as the caller gave it ([H], [B, T, H], [B, T, H, K] or None), not floored.
-    need_v=False: no dV pass (dv None)."""
+    the final state (None: zero); ld as the caller gave it ([H], [B, T, H], [B, T, H, K] or None), not floored."""
     B, T, H, K = q.shape
     q, k, v, do = q.contiguous(), k.contiguous(), v.contiguous(), do.contiguous()
     layout = make_layout(B, T, C, cu_seqlens, q.device)
@@ -75,10 +74,8 @@ def fused_backward(q, k, v, ld, h0, do, dS, scale, cu_seqlens, rev, C, need_ld, 
                           k.dtype, scale_intra=scale, state_transposed=True, gate=u, gate_rows=True,
                           dg=(k, db, -1.0, vec) if need_ld else None, du_of=k if u is not None else None)
     dk, du = (dk_out[0], dk_out[2]) if extras else (dk_out, None)
-    dv = None
-    if need_v:
-        dv = chunk_output(k, q, do, b_bwd, None, g_border, dSf if rev else None, 1.0, layout, not rev, dot, v.dtype,
-                          scale_intra=scale, gate=u, gate_rows=True)
+    dv = chunk_output(k, q, do, b_bwd, None, g_border, dSf if rev else None, 1.0, layout, not rev, dot, v.dtype,
+                      scale_intra=scale, gate=u, gate_rows=True)
     del g_border
     if h0 is not None:
         if not rev and gl is not None:  # the state gradients ran in reverse and leave through the first step
