@@ -4,6 +4,7 @@ import contextlib
 
 import torch
 
+from ..core.backends import runs_triton
 from ._checks import check_float, check_step_qkv, check_step_state
 
 
@@ -55,7 +56,6 @@ def _step(q, k, v, ld=None, rd=None, state=None, scale=None):
     return o.to(v.dtype), S
 
 
-_FUSED_STEP = {}  # whether the Triton step kernel loads on this machine (tried once)
 _IN_PLACE = [False]
 
 
@@ -72,21 +72,14 @@ def states_updated_in_place():
 
 
 def _fused_step_applies(dt, *tensors):
-    """CUDA, float32 states, and no gradient to record (the kernel has no backward)."""
+    """CUDA with the Triton kernels (as backend="auto" picks them), float32 states, and no gradient to record
+    (the kernel has no backward)."""
     q = tensors[0]
     if not q.is_cuda or dt != torch.float32:
         return False
     if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors):
         return False
-    ok = _FUSED_STEP.get("ok")
-    if ok is None:
-        try:
-            import ula.core.triton.step  # noqa: F401
-            ok = True
-        except ImportError:
-            ok = False
-        _FUSED_STEP["ok"] = ok
-    return ok
+    return runs_triton("auto", q.device)
 
 
 def decay_dtype(q):
