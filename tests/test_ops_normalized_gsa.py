@@ -56,6 +56,21 @@ def test_normalized_matches_eq4_directly_and_without_l2():
     check(errs, seed)
 
 
+def test_normalized_norm_in_float32_keeps_input_dtype(monkeypatch):
+    """CUDA autocast runs F.normalize in float32 and returns float32 for bfloat16 q, k; the op must not then hand
+    the core q, k in float32 beside bfloat16 v (it did: `ula train --mixer normalized` failed on the GPU).
+    Emulated here, as CPU autocast keeps the norm in bfloat16."""
+    seed = fresh_seed()
+    import ula.ops.normalized as mod
+    real = F.normalize
+    monkeypatch.setattr(mod.F, "normalize", lambda x, dim: real(x.float(), dim=dim))
+    q, k, v = (torch.randn(B, T, H, D).bfloat16() for D in (K, K, V))
+    o, _ = ula.normalized_linear_attention(q, k, v, 1.5, 1.0, **KW)
+    assert o.dtype == torch.bfloat16
+    o_ref, _ = ref_normalized(q.double(), k.double(), v.double(), 1.5, 1.0)
+    assert rel(o, o_ref) <= 2e-2, seed
+
+
 def test_normalized_denominator_clamp():
     """a = 0, b = 1 without L2 norm: a denominator that crosses 0 is clamped to ±eps, never inf or NaN."""
     q, k, v = torch.randn(1, 40, 1, 4), torch.randn(1, 40, 1, 4), torch.randn(1, 40, 1, 3)

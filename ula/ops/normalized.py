@@ -51,8 +51,8 @@ def _parts(q, k, v, a, b, qk_l2_norm):
     """(b q, k, v' = [v, 1], a) after the optional L2 normalization; a, b floats
     or broadcastable to [..., H, 1]."""
     a, b = _coef("a", a, q), _coef("b", b, q)
-    if qk_l2_norm:
-        q, k = F.normalize(q, dim=-1), F.normalize(k, dim=-1)
+    if qk_l2_norm:  # back to the inputs' dtype: CUDA autocast runs the norm in float32 and returns float32
+        q, k = F.normalize(q, dim=-1).to(q.dtype), F.normalize(k, dim=-1).to(k.dtype)
     return (q if isinstance(b, float) and b == 1.0 else b * q), k, with_ones_column(v), a
 
 

@@ -230,11 +230,8 @@ def _output_kernel(q, k, v, b, c, u, border, h0, o, dg_a, dg_out, du_out, cu, ch
             mk = kc < K
             mik = mi[:, None] & mk[None, :]
             qt = operand(tl.load(q_base + ri[:, None] * K + kc[None, :], mask=mik, other=0.0), DOT)
-            if HAS_B:
-                if DB > 1:
-                    qt = qt * tl.exp(tl.load(b_base + ri[:, None] * DB + kc[None, :], mask=mik, other=0.0))
-                else:
-                    qt = qt * tl.exp(tl.load(b_base + ri * DB, mask=mi, other=0.0))[:, None]
+            if HAS_B and DB > 1:
+                qt = qt * tl.exp(tl.load(b_base + ri[:, None] * DB + kc[None, :], mask=mik, other=0.0))
             kv_off = kc[:, None] * s_sk + vc[None, :] * s_sv  # (1, K) reads a state stored transposed
             mkv = mk[:, None] & mv[None, :]
             if REVERSE:
@@ -244,6 +241,8 @@ def _output_kernel(q, k, v, b, c, u, border, h0, o, dg_a, dg_out, du_out, cu, ch
                 if HAS_H0:
                     st += tl.load(h_ptr + kv_off, mask=mkv & first, other=0.0)
             acc += mm(qt, st, DOT)
+        if HAS_B and DB == 1:  # one decay per step: after the matmul, so q e^b is not rounded to half precision
+            acc = acc * tl.exp(tl.load(b_base + ri * DB, mask=mi, other=0.0))[:, None]
         if HAS_C:
             ci = tl.load(c_base + ri[:, None] * V + vc[None, :], mask=mi[:, None] & mv[None, :], other=0.0)
             acc = acc * (tl.exp(ci) * scale_inter)
