@@ -169,3 +169,25 @@ def test_normalized_learnable_ab_and_retnet_learnable_decay():
         y.sum().backward()
         grads = {n: p.grad for n, p in m.named_parameters() if n in pnames}
         assert set(grads) == pnames and all(g is not None and torch.isfinite(g).all() for g in grads.values())
+
+
+@pytest.mark.parametrize("x_dtype, w_dtype", [(torch.float32, torch.float32), (torch.bfloat16, torch.bfloat16),
+                                              (torch.bfloat16, torch.float32), (torch.float16, None)])
+def test_rmsnorm_float32_math_any_dtypes(x_dtype, w_dtype):
+    """RMSNorm computes in float32 whatever the dtypes (fused F.rms_norm when x and the weight share one, the
+    float32 expression otherwise, as under autocast), returns x's dtype, warns about nothing."""
+    import warnings
+    from ula.layers._base import RMSNorm
+    seed = fresh_seed()
+    n = RMSNorm(48, affine=w_dtype is not None)
+    if w_dtype is not None:
+        n.weight.data = torch.randn(48).to(w_dtype)
+    x = (torch.randn(5, 7, 48) * 3).to(x_dtype)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        y = n(x)
+    w = n.weight.double() if w_dtype is not None else 1.0
+    ref = x.double() * torch.rsqrt(x.double().pow(2).mean(-1, keepdim=True) + n.eps) * w
+    assert y.dtype == x_dtype
+    # float32 math: only the output's rounding to x's dtype remains
+    assert rel(y, ref) <= (1e-6 if x_dtype == torch.float32 else 4e-3), seed
