@@ -86,7 +86,8 @@ def compile_one(kernel, sig, constexprs, num_warps, attrs=None, arch=90):
 def core_cases(B=2, T=300, H=2, K=128, V=128, dtype=torch.bfloat16):
     """Forward+backward of ula.linear_attention the way a GPU runs them: every decay kind at K = V = 128, decays
     requiring gradients (a learnable constant one takes float32 matmuls), mLSTM's key gate, then reverse,
-    varlen, a tiled chunk, a right decay, float16, K = 96 / V = 256, K = V = 100; and the decoding step kernel."""
+    varlen, a tiled chunk, a right decay, float16, K = 96 / V = 256, K = V = 100; mLSTMexp (the normalizer inside
+    the forward's kernels); and the decoding step kernel."""
     import torch.nn.functional as F
 
     import ula
@@ -114,6 +115,13 @@ def core_cases(B=2, T=300, H=2, K=128, V=128, dtype=torch.bfloat16):
                                         chunk_size=c.get("chunk_size"), cu_seqlens=torch.tensor(cu) if cu else None,
                                         backend="triton")
             (o.float().sum() + S.sum()).backward()
+        # mLSTMexp: the forward's normalizer inside the kernels (ula/core/ones.py), with an initial state
+        q, k, v = r(B, T, H, K), r(B, T, H, K), r(B, T, H, V)
+        i, f = torch.randn(B, T, H, generator=g).requires_grad_(), torch.randn(B, T, H, generator=g).requires_grad_()
+        init = (torch.zeros(B, H, K, V), torch.zeros(B, H, K), torch.zeros(B, H))
+        h, (C, n, m) = ula.mlstm(q, k, v, i, f, variant="exp", initial_state=init, output_final_state=True,
+                                 backend="triton")
+        (h.float().sum() + C.sum() + n.sum()).backward()
         with torch.no_grad():  # the decoding step kernel
             from ula.core.triton.step import recurrent_step_triton
             q, k, v = (torch.randn(B, H, D).to(dtype) for D in (K, K, V))

@@ -41,6 +41,7 @@ import torch
 import torch.nn.functional as F
 
 from ..core import linear_attention
+from ..core.ones import linear_attention_with_ones
 from ..core.time_scan import scan_time
 from ._checks import check_float, check_sequence, check_state_tuple, check_step_qkv, num_sequences
 from ._common import PackedLayout, _step, decay_dtype, state_dtype, with_ones_column
@@ -159,19 +160,22 @@ def _exp_run(q, k, v, ldp, logw, m, mT, initial_state, eps, kw, anchor=None):
         ks = tie(k * logw.exp().unsqueeze(-1).to(k.dtype), anchor)
     else:  # exp(ĩ − m̂) as a key gate, applied by the kernels as they read k
         ks, gate = k, logw.to(decay_dtype(q))
-    V = v.shape[-1]
-    va = with_ones_column(v)
-    S0 = None
+    init = None
     if initial_state is not None:
         C0, n0, m0 = initial_state
-        S0 = torch.cat([C0, n0.unsqueeze(-1)], -1) * _one(m0.double()).to(C0.dtype)[..., None, None]
-    o, S = linear_attention(q, ks, va, ldp.to(decay_dtype(q)), initial_state=S0, key_gate=gate, **kw)
-    o = o * _one(-m).unsqueeze(-1).to(o.dtype)  # exp(m̂ - m)
-    h = o[..., :V] / _denominator(o[..., V:], m.unsqueeze(-1), eps)
-    if S is None:
+        f0 = _one(m0.double()).to(C0.dtype)
+        init = (C0 * f0[..., None, None], n0 * f0[..., None])
+    # numerator and normalizer in one core call: values [v, 1], the column of ones implicit (ula/core/ones.py)
+    o, den, fin = linear_attention_with_ones(q, ks, v, ldp.to(decay_dtype(q)), initial_state=init, key_gate=gate,
+                                             **kw)
+    f = _one(-m)  # exp(m̂ - m)
+    num = o * f.unsqueeze(-1).to(o.dtype)
+    h = num / _denominator(den * f.to(den.dtype), m, eps).unsqueeze(-1).to(num.dtype)
+    if fin is None:
         return h, None
-    S = S * _one(-mT).to(S.dtype)[..., None, None]  # exp(m̂_T - m_T): the state is [C̄ | n̄] exp(-m_T)
-    return h, (S[..., :V], S[..., V], mT.to(S.dtype))
+    S, n = fin
+    fT = _one(-mT).to(S.dtype)  # exp(m̂_T - m_T): the state is (C̄, n̄) exp(-m_T)
+    return h, (S * fT[..., None, None], n * fT[..., None], mT.to(S.dtype))
 
 
 def _mlstm_exp_cp(q, k, v, i, f, eps, initial_state, group, kw):

@@ -17,7 +17,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .utils import alloc, block, cdiv, launch, mm, operand, tuned, warps_for
+from .utils import alloc, block, cdiv, is_tuned, launch, mm, operand, tuned, warps_for
 
 
 @triton.jit
@@ -31,10 +31,19 @@ def _source_v(v_base, u_base, r64, m, vc, mv, V, GATE: tl.constexpr, DOT: tl.con
 
 
 @triton.jit
+def _ones_sum(A, u_base, r64, m, GATE: tl.constexpr):
+    """Row sums of A times each source step's gate: A @ (a column of ones in v), the normalizer's share."""
+    if GATE == 1:
+        return tl.sum(A * tl.exp(tl.load(u_base + r64, mask=m, other=0.0).to(tl.float32))[None, :], 1)
+    return tl.sum(A, 1)
+
+
+@triton.jit
 def _offdiag(q_base, k_base, v_base, b_base, u_base, rows, mi, js, ce, vc, mv, K, V, H, DB: tl.constexpr, BT: tl.constexpr,
-             BK: tl.constexpr, HAS_B: tl.constexpr, GATE: tl.constexpr, DOT: tl.constexpr):
+             BK: tl.constexpr, HAS_B: tl.constexpr, GATE: tl.constexpr, DOT: tl.constexpr, ONES: tl.constexpr):
     """Contribution of the key block starting at js (entirely before the rows, after them in reverse), for
-    decays with one value per step: the block's decays are one [BT, BT] factor after the matmul."""
+    decays with one value per step: the block's decays are one [BT, BT] factor after the matmul. Returns it and
+    (with ONES) the block's share of the normalizer."""
     cols = js + tl.arange(0, BT)
     mj = cols < ce
     ri = rows.to(tl.int64) * H
@@ -51,7 +60,10 @@ def _offdiag(q_base, k_base, v_base, b_base, u_base, rows, mi, js, ce, vc, mv, K
         bj = tl.load(b_base + rj * DB, mask=mj, other=0.0)
         A = A * tl.exp(tl.where(mi[:, None] & mj[None, :], bi[:, None] - bj[None, :], float("-inf")))
     vt = _source_v(v_base, u_base, rj, mj, vc, mv, V, GATE, DOT)
-    return mm(A, vt, DOT)
+    ones = 0.0
+    if ONES:
+        ones = _ones_sum(A, u_base, rj, mj, GATE)
+    return mm(A, vt, DOT), ones
 
 
 @triton.jit
@@ -154,9 +166,10 @@ def _diag_vec(q_base, k_base, v_base, b_base, c_base, u_base, rows, mi, ce, vc, 
 
 @triton.jit
 def _diag(q_base, k_base, v_base, b_base, u_base, rows, mi, vc, mv, K, V, H, DB: tl.constexpr, BT: tl.constexpr,
-          BK: tl.constexpr, HAS_B: tl.constexpr, REVERSE: tl.constexpr, GATE: tl.constexpr, DOT: tl.constexpr):
+          BK: tl.constexpr, HAS_B: tl.constexpr, REVERSE: tl.constexpr, GATE: tl.constexpr, DOT: tl.constexpr,
+          ONES: tl.constexpr):
     """Contribution of the rows' own block (keys = the same steps), causal in the direction of the pass,
-    for decays without a per-feature part (one value per step)."""
+    for decays without a per-feature part (one value per step); with ONES also its share of the normalizer."""
     ri = rows.to(tl.int64) * H
     if REVERSE:
         m = (rows[:, None] <= rows[None, :]) & mi[:, None] & mi[None, :]
@@ -175,17 +188,21 @@ def _diag(q_base, k_base, v_base, b_base, u_base, rows, mi, vc, mv, K, V, H, DB:
     else:
         A = tl.where(m, A, 0.0)
     vt = _source_v(v_base, u_base, ri, mi, vc, mv, V, GATE, DOT)
-    return mm(A, vt, DOT)
+    ones = 0.0
+    if ONES:
+        ones = _ones_sum(A, u_base, ri, mi, GATE)
+    return mm(A, vt, DOT), ones
 
 
 @triton.jit
-def _output_kernel(q, k, v, b, c, u, border, h0, o, dg_a, dg_out, du_out, cu, chunk_seq, chunk_start, T, H, K, V, NC, sb_b, sc_b,
+def _output_kernel(q, k, v, b, c, u, border, h0, o, dg_a, dg_out, du_out, n_border, n0, den, cu, chunk_seq, chunk_start,
+                   T, H, K, V, NC, sb_b, sc_b,
                    s_sk, s_sv, scale_inter, scale_intra, dg_coef, dg_slab,
                    DB: tl.constexpr, C: tl.constexpr, NRB: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
                    BV: tl.constexpr, HAS_B: tl.constexpr, HAS_C: tl.constexpr, VEC: tl.constexpr,
                    HAS_H0: tl.constexpr, REVERSE: tl.constexpr, VARLEN: tl.constexpr, DOT: tl.constexpr,
                    LOG_BT: tl.constexpr, DG: tl.constexpr, DG_ACC: tl.constexpr, BKF: tl.constexpr,
-                   GATE: tl.constexpr, HAS_DU: tl.constexpr):
+                   GATE: tl.constexpr, HAS_DU: tl.constexpr, ONES: tl.constexpr):
     i_r, i_v, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)  # row blocks on axis 0 (up to 2^31)
     i_b, i_h = i_bh // H, i_bh % H
     i_c = i_r // NRB
@@ -225,6 +242,12 @@ def _output_kernel(q, k, v, b, c, u, border, h0, o, dg_a, dg_out, du_out, cu, ch
             from_border = cs != bos
         h_ptr = h0 + (seq.to(tl.int64) * H + i_h) * K * V
         acc = tl.zeros([BT, BV], dtype=tl.float32)
+        # ONES (forward, decays with one value per step): the normalizer Σ_j w_ij of a column of ones in v, from
+        # the state's extra vector n (inter) and the row sums of the scores (intra), no V + 1 column
+        den_inter = tl.zeros([BT], dtype=tl.float32)
+        den_intra = tl.zeros([BT], dtype=tl.float32)
+        nb_ptr = n_border + ((i_b.to(tl.int64) * H + i_h) * NC + tl.maximum(i_c - 1, 0)) * K
+        n0_ptr = n0 + (seq.to(tl.int64) * H + i_h) * K
         for kk in range(0, K, BK):
             kc = kk + tl.arange(0, BK)
             mk = kc < K
@@ -241,8 +264,15 @@ def _output_kernel(q, k, v, b, c, u, border, h0, o, dg_a, dg_out, du_out, cu, ch
                 if HAS_H0:
                     st += tl.load(h_ptr + kv_off, mask=mkv & first, other=0.0)
             acc += mm(qt, st, DOT)
+            if ONES:
+                nt = tl.load(nb_ptr + kc, mask=mk & from_border, other=0.0).to(tl.float32)
+                if HAS_H0:
+                    nt += tl.load(n0_ptr + kc, mask=mk & first, other=0.0)
+                den_inter += tl.sum(qt.to(tl.float32) * nt[None, :], 1)
         if HAS_B and DB == 1:  # one decay per step: after the matmul, so q e^b is not rounded to half precision
-            acc = acc * tl.exp(tl.load(b_base + ri * DB, mask=mi, other=0.0))[:, None]
+            eb = tl.exp(tl.load(b_base + ri * DB, mask=mi, other=0.0))
+            acc = acc * eb[:, None]
+            den_inter = den_inter * eb
         if HAS_C:
             ci = tl.load(c_base + ri[:, None] * V + vc[None, :], mask=mi[:, None] & mv[None, :], other=0.0)
             acc = acc * (tl.exp(ci) * scale_inter)
@@ -253,8 +283,10 @@ def _output_kernel(q, k, v, b, c, u, border, h0, o, dg_a, dg_out, du_out, cu, ch
             acc += _diag_vec(q_base, k_base, v_base, b_base, c_base, u_base, rows, mi, ce, vc, mv, K, V, H, DB, BT, BK,
                              BV, LOG_BT, HAS_B, HAS_C, REVERSE, GATE, DOT) * scale_intra
         else:
-            acc += _diag(q_base, k_base, v_base, b_base, u_base, rows, mi, vc, mv, K, V, H, DB, BT, BK, HAS_B, REVERSE,
-                         GATE, DOT) * scale_intra
+            part, ones = _diag(q_base, k_base, v_base, b_base, u_base, rows, mi, vc, mv, K, V, H, DB, BT, BK, HAS_B,
+                               REVERSE, GATE, DOT, ONES)
+            acc += part * scale_intra
+            den_intra += ones
         if REVERSE:
             lo, hi = rs + BT, ce
         else:
@@ -289,13 +321,17 @@ def _output_kernel(q, k, v, b, c, u, border, h0, o, dg_a, dg_out, du_out, cu, ch
             acc += off * scale_intra
         else:
             for js in range(lo, hi, BT):
-                acc += _offdiag(q_base, k_base, v_base, b_base, u_base, rows, mi, js, ce, vc, mv, K, V, H, DB, BT, BK,
-                                HAS_B, GATE, DOT) * scale_intra
+                part, ones = _offdiag(q_base, k_base, v_base, b_base, u_base, rows, mi, js, ce, vc, mv, K, V, H, DB,
+                                      BT, BK, HAS_B, GATE, DOT, ONES)
+                acc += part * scale_intra
+                den_intra += ones
         if GATE == 2:  # a key gate in the passes whose rows are key steps: the gradient of k e^u is e^u times
             acc = acc * tl.exp(tl.load(u_base + ri, mask=mi, other=0.0).to(tl.float32))[:, None]
         mo = mi[:, None] & mv[None, :]
         o_off = row0 * V + ri[:, None] * V + vc[None, :]
         tl.store(o + o_off, acc, mask=mo)
+        if ONES:  # every V tile forms it; the first stores it
+            tl.store(den + row0 + ri, den_inter * scale_inter + den_intra * scale_intra, mask=mi & (i_v == 0))
         if HAS_DU:  # the key gate's gradient: sum over features of k ⊙ dk, per V tile
             du = tl.sum(tl.load(dg_a + o_off, mask=mo, other=0.0).to(tl.float32) * acc, 1)
             tl.store(du_out + i_v.to(tl.int64) * dg_slab + row0 + rows.to(tl.int64) * H, du, mask=mi)
@@ -315,7 +351,7 @@ def _output_kernel(q, k, v, b, c, u, border, h0, o, dg_a, dg_out, du_out, cu, ch
 
 
 def chunk_output(q, k, v, b, c, border, h0, scale, layout, reverse, dot, out_dtype=torch.float32, *,
-                 scale_intra=None, state_transposed=False, gate=None, gate_rows=False, dg=None, du_of=None):
+                 scale_intra=None, state_transposed=False, gate=None, gate_rows=False, dg=None, du_of=None, ones=None):
     """o [B, T, H, V] in out_dtype from q, k [B, T, H, K], v [B, T, H, V] (contiguous), the chunk-local cumulative
     log decays b [Bg, T, H, K|1], c [Bg, T, H, V] (or None) and the border states of kernel 2.
 
@@ -326,7 +362,10 @@ def chunk_output(q, k, v, b, c, border, h0, scale, layout, reverse, dot, out_dty
     dg = (a, out, coef, per_feature): the log-decay gradient's per-step terms coef · a ⊙ o (a shaped like o),
     float32: [B, T, H, V] per feature, else summed over each V tile, [V tiles, B, T, H]; into a new buffer when out
     is None, else added to out (a buffer of an earlier call with the same V);
-    du_of = a: the sums over each V tile of a ⊙ o, [V tiles, B, T, H] float32 (a key gate's gradient)."""
+    du_of = a: the sums over each V tile of a ⊙ o, [V tiles, B, T, H] float32 (a key gate's gradient);
+    ones = (n_border [B, H, n, K], n0 [N, H, K] float32 or None): the forward's normalizer, what a column of ones
+    appended to v would give, [B, T, H] float32, from chunk_states(..., ones=True) (decays with one value per
+    step, forward); returned as (o, den)."""
     B, T, H, K = q.shape
     V = v.shape[-1]
     vec = (b is not None and b.shape[-1] > 1) or c is not None
@@ -351,10 +390,20 @@ def chunk_output(q, k, v, b, c, border, h0, scale, layout, reverse, dot, out_dty
         dg_a = du_of
         du_out = alloc(slabs, q.device)
     s_sk, s_sv = (1, K) if state_transposed else (V, 1)
+    den = n_border = n0 = None
+    if ones is not None:
+        assert not vec and not reverse and dg is None and du_of is None and not state_transposed
+        n_border, n0 = ones
+        den = alloc((B, T, H), q.device)
+        # the scores stay live for their row sums: at 4 warps 64-row tiles spill ~460 B per thread on sm_90, none
+        # at 8 (tests/offline_compile.py)
+        W = 8 if not is_tuned(name) else W
     grid = (layout.n * (C // BT), cdiv(V, BV), B * H)  # axes 1 and 2 stop at 65535
     launch(_output_kernel, grid, q, k, v, b if b is not None else dummy, c if c is not None else dummy,
            gate if gate is not None else dummy, border, h0 if h0 is not None else dummy, o, dg_a,
            dg_out if dg_out is not None else dummy, du_out if du_out is not None else dummy,
+           n_border if n_border is not None else dummy, n0 if n0 is not None else dummy,
+           den if den is not None else dummy,
            layout.cu, layout.chunk_seq, layout.chunk_start, T, H, K, V, layout.n,
            (b.stride(0) if b is not None and b.shape[0] > 1 else 0),
            (c.stride(0) if c is not None and c.shape[0] > 1 else 0), s_sk, s_sv, float(scale),
@@ -363,8 +412,10 @@ def chunk_output(q, k, v, b, c, border, h0, scale, layout, reverse, dot, out_dty
            HAS_B=b is not None, HAS_C=c is not None, VEC=vec, HAS_H0=h0 is not None,
            REVERSE=reverse, VARLEN=layout.varlen, DOT=dot, LOG_BT=BT.bit_length() - 1,
            DG=dg_mode, DG_ACC=dg_acc, BKF=block(K, 256),
-           GATE=0 if gate is None else (2 if gate_rows else 1), HAS_DU=du_out is not None,
+           GATE=0 if gate is None else (2 if gate_rows else 1), HAS_DU=du_out is not None, ONES=den is not None,
            num_warps=W)
+    if den is not None:
+        return o, den
     if dg is None and du_of is None:
         return o
     return o, dg_out, du_out

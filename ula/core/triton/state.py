@@ -75,10 +75,10 @@ def _chunk_factors(it, nc, bos, eos, b_base, u_base, kc, mk, H, DB: tl.constexpr
 
 
 @triton.jit
-def _rows_into_state(S, r0, ce, k_base, v_base, c_base, c_end, f, kc, vc, mk, mv, K, V, H, scale, DB: tl.constexpr,
-                     BT: tl.constexpr, HAS_F: tl.constexpr, HAS_C: tl.constexpr, DOT: tl.constexpr):
+def _rows_into_state(S, n, r0, ce, k_base, v_base, c_base, c_end, f, kc, vc, mk, mv, K, V, H, scale, DB: tl.constexpr,
+                     BT: tl.constexpr, HAS_F: tl.constexpr, HAS_C: tl.constexpr, DOT: tl.constexpr, ONES: tl.constexpr):
     """S + scale (f ⊙ k)ᵀ (v decayed to the chunk's end) over rows r0 .. r0 + BT (before ce); f: the rows' factor
-    of k (_row_factor)."""
+    of k (_row_factor). With ONES also n + scale Σ_rows f ⊙ k (what a column of ones in v adds: the normalizer)."""
     rows = r0 + tl.arange(0, BT)
     mr = rows < ce
     r64 = rows.to(tl.int64) * H
@@ -92,7 +92,9 @@ def _rows_into_state(S, r0, ce, k_base, v_base, c_base, c_end, f, kc, vc, mk, mv
     if HAS_C:
         ct = tl.load(c_base + r64[:, None] * V + vc[None, :], mask=mr[:, None] & mv[None, :], other=0.0)
         vt = vt * tl.exp(tl.where(mr[:, None], c_end[None, :] - ct, float("-inf")))
-    return S + mm(tl.trans(kt), vt, DOT) * scale
+    if ONES:
+        n = n + tl.sum(kt.to(tl.float32), 0) * scale
+    return S + mm(tl.trans(kt), vt, DOT) * scale, n
 
 
 @triton.jit
@@ -117,10 +119,11 @@ def _border_products(S, partner, X, b_base, bord_off, x_off, ce, eos, kv_off, kc
 
 
 @triton.jit
-def _state_kernel(k, v, b, c, u, h0, border, final, partner, X, cu, chunk_offset, T, H, K, V, NC, NVT, sb_b, sc_b, scale,
+def _state_kernel(k, v, b, c, u, h0, border, final, partner, X, n0, n_border, n_final, cu, chunk_offset, T, H, K, V, NC,
+                  NVT, sb_b, sc_b, scale,
                   DB: tl.constexpr, C: tl.constexpr, NB: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
                   HAS_B: tl.constexpr, HAS_C: tl.constexpr, HAS_H0: tl.constexpr, REVERSE: tl.constexpr,
-                  VARLEN: tl.constexpr, DOT: tl.constexpr, HAS_X: tl.constexpr, GATE: tl.constexpr):
+                  VARLEN: tl.constexpr, DOT: tl.constexpr, HAS_X: tl.constexpr, GATE: tl.constexpr, ONES: tl.constexpr):
     i_nh, i_k, i_v = tl.program_id(0), tl.program_id(1), tl.program_id(2)  # sequences x heads on axis 0
     i_n, i_h = i_nh // H, i_nh % H
     if VARLEN:
@@ -150,6 +153,12 @@ def _state_kernel(k, v, b, c, u, h0, border, final, partner, X, cu, chunk_offset
     S = tl.zeros([BK, BV], dtype=tl.float32)
     if HAS_H0:
         S += tl.load(h0 + (i_n.to(tl.int64) * H + i_h) * K * V + kv_off, mask=mkv, other=0.0).to(tl.float32)
+    # ONES (forward, decays with one value per step): n, the state's column for a column of ones in v, kept by
+    # every V tile and stored by the first
+    n = tl.zeros([BK], dtype=tl.float32)
+    n_ok = mk & (i_v == 0)
+    if ONES and HAS_H0:
+        n += tl.load(n0 + (i_n.to(tl.int64) * H + i_h) * K + kc, mask=mk, other=0.0)
     HAS_F: tl.constexpr = HAS_B or GATE
     # the decays of a chunk are loaded one chunk ahead: a program of this sequential loop has no other warps to
     # hide a load's latency behind, and it would wait for them every chunk (k and v are pipelined by the compiler)
@@ -179,6 +188,7 @@ def _state_kernel(k, v, b, c, u, h0, border, final, partner, X, cu, chunk_offset
                 S = S * tl.exp(b_end)[:, None]
             else:  # a scalar decay: one value per step, broadcast over K
                 S = S * tl.exp(b_end)
+                n = n * tl.exp(b_end)
         if HAS_C:
             c_end = tl.load(c_base + e_row.to(tl.int64) * H * V + vc, mask=mv, other=0.0)
             S = S * tl.exp(c_end)[None, :]
@@ -187,37 +197,45 @@ def _state_kernel(k, v, b, c, u, h0, border, final, partner, X, cu, chunk_offset
         # every block's tiles would stay in shared memory at once)
         if NB <= 2:
             if HAS_F:
-                S = _rows_into_state(S, cs, ce, k_base, v_base, c_base, c_end, f0, kc, vc, mk, mv, K, V, H, scale,
-                                     DB, BT, HAS_F, HAS_C, DOT)
+                S, n = _rows_into_state(S, n, cs, ce, k_base, v_base, c_base, c_end, f0, kc, vc, mk, mv, K, V, H,
+                                        scale, DB, BT, HAS_F, HAS_C, DOT, ONES)
                 if NB == 2:
-                    S = _rows_into_state(S, cs + BT, ce, k_base, v_base, c_base, c_end, f1, kc, vc, mk, mv, K, V, H,
-                                         scale, DB, BT, HAS_F, HAS_C, DOT)
+                    S, n = _rows_into_state(S, n, cs + BT, ce, k_base, v_base, c_base, c_end, f1, kc, vc, mk, mv, K,
+                                            V, H, scale, DB, BT, HAS_F, HAS_C, DOT, ONES)
             else:
                 for sb in tl.static_range(NB):
-                    S = _rows_into_state(S, cs + sb * BT, ce, k_base, v_base, c_base, c_end, 0.0, kc, vc, mk, mv, K,
-                                         V, H, scale, DB, BT, HAS_F, HAS_C, DOT)
+                    S, n = _rows_into_state(S, n, cs + sb * BT, ce, k_base, v_base, c_base, c_end, 0.0, kc, vc, mk,
+                                            mv, K, V, H, scale, DB, BT, HAS_F, HAS_C, DOT, ONES)
         else:
             for sb in range(NB):
                 f = 0.0
                 if HAS_F:
                     f = _row_factor(cs + sb * BT, ce, True, b_base, u_base, b_end, kc, mk, H, DB, BT, BK, HAS_B, GATE)
-                S = _rows_into_state(S, cs + sb * BT, ce, k_base, v_base, c_base, c_end, f, kc, vc, mk, mv, K, V, H,
-                                     scale, DB, BT, HAS_F, HAS_C, DOT)
+                S, n = _rows_into_state(S, n, cs + sb * BT, ce, k_base, v_base, c_base, c_end, f, kc, vc, mk, mv, K,
+                                        V, H, scale, DB, BT, HAS_F, HAS_C, DOT, ONES)
         if not REVERSE:
             tl.store(bord_base + idx.to(tl.int64) * K * V + kv_off, S, mask=mkv)
+            if ONES:
+                tl.store(n_border + (chunk0 + idx) * K + kc, n, mask=n_ok)
             if HAS_X:
                 _border_products(S, partner, X, b_base, (chunk0 + idx) * K * V, ((chunk0 + idx) * NVT + i_v) * K,
                                  ce, eos, kv_off, kc, mk, mkv, H, DB, REVERSE)
     tl.store(final + (i_n.to(tl.int64) * H + i_h) * K * V + kv_off, S, mask=mkv)
+    if ONES:
+        tl.store(n_final + (i_n.to(tl.int64) * H + i_h) * K + kc, n, mask=n_ok)
 
 
-def chunk_states(k, v, b, c, h0, layout, reverse, dot, state_dtype=torch.float32, scale=1.0, partner=None, gate=None):
+def chunk_states(k, v, b, c, h0, layout, reverse, dot, state_dtype=torch.float32, scale=1.0, partner=None, gate=None,
+                 ones=False, n0=None):
     """k [B, T, H, K], v [B, T, H, V] contiguous; b [Bg, T, H, K|1], c [Bg, T, H, V] chunk-local cumulative
     log decays (or None); h0 [N, H, K, V] float32 contiguous or None; every k_tᵀ v_t enters times `scale` (and
     exp(gate_t) with a log key gate [B, T, H], contiguous).
     Returns the border states [B, H, n, K, V] in state_dtype, the final state [N, H, K, V] float32 (before the
     extra decay of a reverse pass) and, with a partner (the border states of the opposite direction, same
-    shape), the log-decay gradient's border terms [B, H, n, V tiles, K] float32 (else None)."""
+    shape), the log-decay gradient's border terms [B, H, n, V tiles, K] float32 (else None).
+    ones (forward, decays with one value per step): also the state's column for a column of ones appended to v,
+    from n0 [N, H, K] float32 (or zero): returned after X as (n_border [B, H, n, K] in state_dtype, n_final
+    [N, H, K] float32)."""
     B, T, H, K = k.shape
     V = v.shape[-1]
     N = layout.N
@@ -232,17 +250,25 @@ def chunk_states(k, v, b, c, h0, layout, reverse, dot, state_dtype=torch.float32
         BK = 32
     NVT = cdiv(V, BV)
     X = alloc((B, H, layout.n, NVT, K), k.device) if partner is not None else None
+    n_border = n_final = None
+    if ones:
+        assert not reverse and c is None and (b is None or b.shape[-1] == 1) and partner is None
+        n_border = alloc((B, H, layout.n, K), k.device, state_dtype)
+        n_final = alloc((N, H, K), k.device)
     DB = b.shape[-1] if b is not None else 1
     dummy = border
     grid = (N * H, cdiv(K, BK), NVT)  # axes 1 and 2 stop at 65535
     launch(_state_kernel, grid, k, v, b if b is not None else dummy, c if c is not None else dummy,
            gate if gate is not None else dummy, h0 if h0 is not None else dummy, border, final,
            partner if partner is not None else dummy, X if X is not None else dummy,
+           n0 if n0 is not None else dummy, n_border if ones else dummy, n_final if ones else dummy,
            layout.cu, layout.chunk_offset, T, H, K, V, layout.n, NVT,
            (b.stride(0) if b is not None and b.shape[0] > 1 else 0),
            (c.stride(0) if c is not None and c.shape[0] > 1 else 0), float(scale),
            DB=DB, C=layout.C, NB=layout.C // BT, BT=BT, BK=BK, BV=BV, HAS_B=b is not None, HAS_C=c is not None,
            HAS_H0=h0 is not None, REVERSE=reverse, VARLEN=layout.varlen, DOT=dot, HAS_X=X is not None,
-           GATE=gate is not None,
+           GATE=gate is not None, ONES=ones,
            num_warps=W)
+    if ones:
+        return border, final, X, (n_border, n_final)
     return border, final, X

@@ -1,0 +1,57 @@
+"""ula.core.ones: linear attention with an implicit column of ones in v (the normalizer of mLSTMexp and
+normalized attention), on the Triton kernels (den from the state's extra vector and the scores' row sums),
+against the float64 reference recurrence on [v, 1]: outputs, final states and every gradient."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+import ula
+from helpers import fresh_seed, rel
+from ula.core.ones import linear_attention_with_ones
+
+pytest.importorskip("triton")
+
+
+def _cu(T):
+    a = int(torch.randint(3, T // 2, ()))
+    return torch.tensor([0, a, a + int(torch.randint(1, T - a, ())), T], dtype=torch.int32)
+
+
+@pytest.mark.parametrize("decay", ["none", "constant", "scalar"])
+@pytest.mark.parametrize("gate", [False, True])
+@pytest.mark.parametrize("varlen", [False, True])
+def test_ones_against_reference(decay, gate, varlen):
+    seed = fresh_seed()
+    B, T, H, K, V, C = (1 if varlen else 2), 77, 2, 32, 16, 16
+    N = 3 if varlen else B
+    q, k, v = torch.randn(B, T, H, K), torch.randn(B, T, H, K) * K ** -0.5, torch.randn(B, T, H, V)
+    ld = {"none": None, "constant": -torch.rand(H) * 0.2,
+          "scalar": F.logsigmoid(torch.randn(B, T, H) + 2)}[decay]
+    u = F.logsigmoid(torch.randn(B, T, H)) if gate else None
+    S0, n0 = torch.randn(N, H, K, V) * 0.3, torch.randn(N, H, K) * 0.3
+    cu = _cu(T) if varlen else None
+    leaves = [q, k, v, S0, n0] + [x for x in (ld, u) if x is not None]
+    for x in leaves:
+        x.requires_grad_()
+    o, den, (S, n) = linear_attention_with_ones(q, k, v, ld, initial_state=(S0, n0), output_final_state=True,
+                                                cu_seqlens=cu, chunk_size=C, backend="triton", key_gate=u)
+    ws = [torch.randn_like(t) for t in (o, den, S, n)]
+    loss = sum((a * w).sum() for a, w in zip((o, den, S, n), ws))
+    got = [o, den, S, n] + list(torch.autograd.grad(loss, leaves))
+    # the float64 reference recurrence on [v, 1] (keys gated by exp(u) there)
+    d = [x.detach().double().requires_grad_() for x in leaves]
+    q2, k2, v2, S02, n02 = d[:5]
+    rest = iter(d[5:])
+    ld2 = next(rest) if ld is not None else None
+    u2 = next(rest) if u is not None else None
+    kk = k2 * u2.exp().unsqueeze(-1) if u2 is not None else k2
+    o2, S2 = ula.linear_attention(q2, kk, torch.cat([v2, torch.ones_like(v2[..., :1])], -1), ld2,
+                                  initial_state=torch.cat([S02, n02.unsqueeze(-1)], -1), output_final_state=True,
+                                  cu_seqlens=cu, backend="reference")
+    want = [o2[..., :V], o2[..., V], S2[..., :V], S2[..., V]]
+    loss2 = sum((a * w.double()).sum() for a, w in zip(want, ws))
+    want += list(torch.autograd.grad(loss2, d))
+    names = ["o", "den", "S", "n", "dq", "dk", "dv", "dS0", "dn0"] + (["dld"] if ld is not None else []) + \
+        (["du"] if u is not None else [])
+    for name, a, b in zip(names, got, want):
+        assert rel(a, b) <= 1e-4, (name, rel(a, b), seed)

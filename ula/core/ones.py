@@ -1,0 +1,112 @@
+"""Linear attention with a column of ones appended to v, without that column: the normalizer of mLSTMexp and of
+normalized linear attention (DESIGN §3's [v, 1] augmentation).
+
+    linear_attention_with_ones(q, k, v, ...) == linear_attention(q, k, [v, 1], ...) split into
+    (o [B, T, H, V], den [B, T, H], (S [N, H, K, V], n [N, H, K]))
+
+On the Triton path (decays with one value per step or none, K and V up to 16 or multiples of 16) the forward
+kernels form den from the state's extra vector n and the row sums of the scores they already hold: a [v, 1]
+column padded to 144 values added ~40% to the output kernel (benchmarks/results/profile_families_h100_session6.txt)
+plus copies to pad and slice it. The backward still runs the core's backward on [v, 1] (it recomputes its own states). Elsewhere
+the same contract through linear_attention on [v, 1]."""
+import torch
+
+from .api import _pad_to_16, linear_attention
+from .autograd import canonical_left, half_states
+from .backends import runs_triton
+from .checks import check_linear_attention
+
+
+def _ones_col(v):
+    return torch.cat([v, torch.ones_like(v[..., :1])], -1)
+
+
+def _generic(q, k, v, ld, scale, initial_state, output_final_state, kw):
+    S0 = None if initial_state is None else torch.cat([initial_state[0], initial_state[1].unsqueeze(-1)], -1)
+    o, S = linear_attention(q, k, _ones_col(v), ld, scale=scale, initial_state=S0,
+                            output_final_state=output_final_state, **kw)
+    V = v.shape[-1]
+    return o[..., :V], o[..., V], (None if S is None else (S[..., :V], S[..., V]))
+
+
+def _fast(q, k, v, ld, backend, cp_group, key_gate):
+    K, V = q.shape[-1], v.shape[-1]
+    return (cp_group is None and runs_triton(backend, q.device) and q.dtype != torch.float64
+            and (ld is None or ld.dim() in (1, 3)) and _pad_to_16(K) == 0 and _pad_to_16(V) == 0
+            and not torch.compiler.is_compiling())
+
+
+def linear_attention_with_ones(q, k, v, ld=None, *, scale=None, initial_state=None, output_final_state=False,
+                               cu_seqlens=None, chunk_size=None, backend="auto", key_gate=None, cp_group=None):
+    """linear_attention(q, k, [v, 1], ld, ...) as (o, den, final (S, n) or None); initial_state (S0, n0) or None.
+    Same arguments as ula.linear_attention (left decay only, forward)."""
+    kw = dict(cu_seqlens=cu_seqlens, chunk_size=chunk_size, backend=backend, key_gate=key_gate, cp_group=cp_group)
+    if not _fast(q, k, v, ld, backend, cp_group, key_gate):
+        return _generic(q, k, v, ld, scale, initial_state, output_final_state, kw)
+    S0, n0 = (None, None) if initial_state is None else initial_state
+    check_linear_attention(q, k, v, ld, None, scale, S0, cu_seqlens, chunk_size, backend, key_gate)
+    scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
+    C = int(chunk_size) if chunk_size is not None else 128  # the core's choice for decays of one value per step
+    o, den, S, n = _OnesFn.apply(q, k, v, ld, key_gate, S0, n0, scale, cu_seqlens, C)
+    return o, den, ((S, n) if output_final_state else None)
+
+
+class _OnesFn(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, ld, u, S0, n0, scale, cu_seqlens, C):
+        from .triton.chunk import make_layout
+        from .triton.cumsum import chunk_cumsum
+        from .triton.output import chunk_output
+        from .triton.state import chunk_states
+        from .triton.utils import dot_code
+        B, T, H, K = q.shape
+        f32 = torch.float32
+        q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
+        layout = make_layout(B, T, C, cu_seqlens, q.device)
+        dot = dot_code(q, k, v)
+        gl = canonical_left(ld, T)
+        b = chunk_cumsum(gl, layout, False) if gl is not None else None
+        uc = u.contiguous() if u is not None else None
+        h0 = S0.to(f32).contiguous() if S0 is not None else None
+        nz = None
+        if h0 is not None:
+            nz = n0.to(f32).contiguous() if n0 is not None else h0.new_zeros(h0.shape[:-1])
+        border, S, _, (nb, n) = chunk_states(k, v, b, None, h0, layout, False, dot, half_states(q) or f32, gate=uc,
+                                             ones=True, n0=nz)
+        o, den = chunk_output(q, k, v, b, None, border, h0, scale, layout, False, dot, v.dtype, gate=uc,
+                              ones=(nb, nz))
+        ctx.save_for_backward(q, k, v, ld, u, S0, n0)
+        ctx.cfg = (scale, cu_seqlens, C)
+        return o, den, S, n
+
+    @staticmethod
+    def backward(ctx, do, dden, dS, dn):
+        from .triton.backward import fused_backward
+        q, k, v, ld, u, S0, n0 = ctx.saved_tensors
+        scale, cu_seqlens, C = ctx.cfg
+        V = v.shape[-1]
+        Vp = V + 1 + _pad_to_16(V + 1)  # aligned rows for the kernels (api._pad_to_16)
+
+        def widen(x, col, dtype):  # [x, col, 0 ...] with Vp columns
+            w = x.new_zeros((*x.shape[:-1], Vp), dtype=dtype)
+            w[..., :V] = x
+            if col is not None:
+                w[..., V] = col
+            return w
+
+        vp = widen(v, 1.0, v.dtype)
+        dop = widen(do if do is not None else torch.zeros_like(v), dden, v.dtype)
+        h0 = None
+        if S0 is not None:
+            h0 = widen(S0.float(), n0.float() if n0 is not None else None, torch.float32)
+        dSp = None
+        if dS is not None or dn is not None:
+            base = dS if dS is not None else v.new_zeros((dn.shape + (V,)), dtype=torch.float32)
+            dSp = widen(base.float(), dn, torch.float32)
+        need_ld = ld is not None and ctx.needs_input_grad[3]
+        dq, dk, dvp, dld, dh0, du = fused_backward(q, k, vp, ld, h0, dop, dSp, scale, cu_seqlens, False, C, need_ld, u)
+        dS0 = dn0 = None
+        if dh0 is not None:
+            dS0 = dh0[..., :V].to(S0.dtype)
+            dn0 = dh0[..., V].to(n0.dtype) if n0 is not None else None
+        return dq, dk, dvp[..., :V], dld, du, dS0, dn0, None, None, None
