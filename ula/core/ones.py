@@ -7,8 +7,9 @@ normalized linear attention (DESIGN §3's [v, 1] augmentation).
 On the Triton path (decays with one value per step or none, K and V up to 16 or multiples of 16) the forward
 kernels form den from the state's extra vector n and the row sums of the scores they already hold: a [v, 1]
 column padded to 144 values added ~40% to the output kernel
-(benchmarks/results/profile_families_h100_session6.txt) plus copies to pad and slice it. The backward still runs the core's backward on [v, 1] (it recomputes its own states). Elsewhere
-the same contract through linear_attention on [v, 1]."""
+(benchmarks/results/profile_families_h100_session6.txt) plus copies to pad and slice it. The backward still
+runs the core's backward on [v, 1] (it recomputes its own states). Elsewhere the same contract through
+linear_attention on [v, 1]."""
 import torch
 
 from .api import _pad_to_16, linear_attention
