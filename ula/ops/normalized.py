@@ -10,6 +10,8 @@ augmentation of DESIGN §3 with a, b moved entirely to the query side (no square
 negative and their gradients stay finite). The chunked path splits q'·k' in its two parts, so the core call
 keeps K features (K + 1 would add a tile of one feature to every matmul):
     o'_i = b · core(q, k, v')_i  +  a · Σ_{n<=i} v'_n      (one core call, v' = [v, 1]; a cumulative sum)
+The core call keeps the column of ones implicit (ula/core/ones.py: the kernels form its column from the scores'
+row sums), and the a part's last column is the count of steps.
 The state is S = Σ k'_n v'_nᵀ [B, H, K+1, V+1] (Σ k vᵀ, Σ k, Σ vᵀ, count), independent of a and b, so a and
 b can change between calls; memory stays O(T·D).
 
@@ -21,7 +23,7 @@ as long as (a − |b|) >= eps."""
 import torch
 import torch.nn.functional as F
 
-from ..core import linear_attention
+from ..core.ones import linear_attention_with_ones
 from ..core.time_scan import scan_time
 from ._checks import check_sequence, check_step_qkv, check_step_state, num_sequences
 from ._common import PackedLayout, _step, decay_dtype, with_ones_column
@@ -47,26 +49,25 @@ def _coef(name, x, like):
     return x.unsqueeze(-1)
 
 
-def _parts(q, k, v, a, b, qk_l2_norm):
-    """(b q, k, v' = [v, 1], a) after the optional L2 normalization; a, b floats
-    or broadcastable to [..., H, 1]."""
+def _parts(q, k, a, b, qk_l2_norm):
+    """(b q, k, a) after the optional L2 normalization; a, b floats or broadcastable to [..., H, 1]."""
     a, b = _coef("a", a, q), _coef("b", b, q)
     if qk_l2_norm:  # back to the inputs' dtype: CUDA autocast runs the norm in float32 and returns float32
         q, k = F.normalize(q, dim=-1).to(q.dtype), F.normalize(k, dim=-1).to(k.dtype)
-    return (q if isinstance(b, float) and b == 1.0 else b * q), k, with_ones_column(v), a
+    return (q if isinstance(b, float) and b == 1.0 else b * q), k, a
 
 
 def _augment(q, k, v, a, b, qk_l2_norm):
     """q' = [b q, a], k' = [k, 1], v' = [v, 1] (the one-step form)."""
-    qb, k, va, a = _parts(q, k, v, a, b, qk_l2_norm)
+    qb, k, a = _parts(q, k, a, b, qk_l2_norm)
+    va = with_ones_column(v)
     a = qb.new_full((*qb.shape[:-1], 1), a) if isinstance(a, float) else a.expand(*qb.shape[:-1], 1)
     qa = torch.cat([qb, a], -1)
     ka = with_ones_column(k)
     return qa, ka, va
 
 
-def _divide(o, eps):
-    num, den = o[..., :-1], o[..., -1:]
+def _divide(num, den, eps):
     den = torch.where(den >= 0, den.clamp_min(eps), den.clamp_max(-eps))
     return num / den
 
@@ -83,21 +84,32 @@ def normalized_linear_attention(q, k, v, a=1.0, b=1.0, *, qk_l2_norm=True, eps=1
         N, _, H, K = (num_sequences(q, cu_seqlens),) + tuple(q.shape[1:])
         check_step_state("normalized_linear_attention", initial_state, (N, H, K + 1, v.shape[-1] + 1),
                          "[B, H, K + 1, V + 1] ([N, ...] with cu_seqlens)", name="initial_state")
-    qb, k, va, a = _parts(q, k, v, a, b, qk_l2_norm)
-    K, V1 = k.shape[-1], v.shape[-1] + 1
+    qb, k, a = _parts(q, k, a, b, qk_l2_norm)
+    K, V = k.shape[-1], v.shape[-1]
     S0 = initial_state
-    h0 = None if S0 is None else S0[:, :, :K].contiguous()
-    o, S = linear_attention(qb, k, va, scale=1.0, initial_state=h0, output_final_state=output_final_state,
-                            cu_seqlens=cu_seqlens, chunk_size=chunk_size, backend=backend)
-    # the a part: a · (z0 + Σ_{n<=i} v'_n) per sequence, z0 the last row of the initial state
+    init = None if S0 is None else (S0[:, :, :K, :V].contiguous(), S0[:, :, :K, V].contiguous())
+    # the b part with its normalizer: values [v, 1] in one core call, the column of ones implicit
+    o, den, fin = linear_attention_with_ones(qb, k, v, scale=1.0, initial_state=init,
+                                             output_final_state=output_final_state, cu_seqlens=cu_seqlens,
+                                             chunk_size=chunk_size, backend=backend)
+    # the a part: a · (z0 + Σ_{n<=i} [v_n, 1]) per sequence (the count of steps for the column of ones), z0 the
+    # last row of the initial state
+    dd = decay_dtype(q)
     lay = PackedLayout(cu_seqlens, q.shape[1], q.device)
-    z = scan_time(lay.pad(va[..., :V1].to(decay_dtype(q))), lambda y: y.cumsum(-1))  # [N, L, H, V+1]
+    zv = scan_time(lay.pad(v.to(dd)), lambda y: y.cumsum(-1))  # [N, L, H, V]
+    zc = torch.arange(1, zv.shape[1] + 1, device=q.device, dtype=dd).view(1, -1, 1).expand(zv.shape[:3])
     if S0 is not None:
-        z = z + S0[:, :, K].to(z.dtype).unsqueeze(1)
-    a = a if isinstance(a, float) else a.to(z.dtype)
-    out = _divide(o[..., :V1].to(z.dtype) + a * lay.unpad(z), eps).to(v.dtype)
-    if S is not None:
-        S = torch.cat([S[..., :V1], lay.last_of(z).to(S.dtype).unsqueeze(2)], 2)
+        zv = zv + S0[:, :, K, :V].to(dd).unsqueeze(1)
+        zc = zc + S0[:, :, K, V].to(dd).unsqueeze(1)
+    a = a if isinstance(a, float) else a.to(dd)
+    num = o.to(dd) + a * lay.unpad(zv)
+    den = den.to(dd) + (a if isinstance(a, float) else a.squeeze(-1)) * lay.unpad(zc)
+    out = _divide(num, den.unsqueeze(-1), eps).to(v.dtype)
+    S = None
+    if fin is not None:
+        top = torch.cat([fin[0], fin[1].unsqueeze(-1)], -1)  # [N, H, K, V + 1]
+        bottom = torch.cat([lay.last_of(zv), lay.last_of(zc).unsqueeze(-1)], -1).to(top.dtype)  # [N, H, V + 1]
+        S = torch.cat([top, bottom.unsqueeze(2)], 2)
     return out, S
 
 
@@ -109,4 +121,4 @@ def normalized_linear_attention_step(q, k, v, a=1.0, b=1.0, state=None, *, qk_l2
                      "[B, H, K + 1, V + 1]")
     qa, ka, va = _augment(q, k, v, a, b, qk_l2_norm)
     o, S = _step(qa, ka, va, None, None, state, 1.0)
-    return _divide(o, eps), S
+    return _divide(o[..., :-1], o[..., -1:], eps), S
