@@ -7,8 +7,9 @@ normalized linear attention (DESIGN §3's [v, 1] augmentation).
 On the Triton path (decays with one value per step or none, K and V up to 16 or multiples of 16) the forward
 kernels form den from the state's extra vector n and the row sums of the scores they already hold: a [v, 1]
 column padded to 144 values added ~40% to the output kernel
-(benchmarks/results/profile_families_h100_session6.txt) plus copies to pad and slice it. The backward still
-runs the core's backward on [v, 1] (it recomputes its own states). Elsewhere the same contract through
+(benchmarks/results/profile_families_h100_session6.txt) plus copies to pad and slice it. The backward
+(ula/core/triton/backward.py, `ones`) carries the column the same way: its gradient enters the dQ and dK passes
+as a rank-one term of their scores and an extra vector of their states. Elsewhere the same contract through
 linear_attention on [v, 1]."""
 import torch
 
@@ -85,29 +86,10 @@ class _OnesFn(torch.autograd.Function):
         from .triton.backward import fused_backward
         q, k, v, ld, u, S0, n0 = ctx.saved_tensors
         scale, cu_seqlens, C = ctx.cfg
-        V = v.shape[-1]
-        Vp = V + 1 + _pad_to_16(V + 1)  # aligned rows for the kernels (api._pad_to_16)
-
-        def widen(x, col, dtype):  # [x, col, 0 ...] with Vp columns
-            w = x.new_zeros((*x.shape[:-1], Vp), dtype=dtype)
-            w[..., :V] = x
-            if col is not None:
-                w[..., V] = col
-            return w
-
-        vp = widen(v, 1.0, v.dtype)
-        dop = widen(do if do is not None else torch.zeros_like(v), dden, v.dtype)
-        h0 = None
-        if S0 is not None:
-            h0 = widen(S0.float(), n0.float() if n0 is not None else None, torch.float32)
-        dSp = None
-        if dS is not None or dn is not None:
-            base = dS if dS is not None else v.new_zeros((dn.shape + (V,)), dtype=torch.float32)
-            dSp = widen(base.float(), dn, torch.float32)
+        do = do if do is not None else torch.zeros_like(v)
         need_ld = ld is not None and ctx.needs_input_grad[3]
-        dq, dk, dvp, dld, dh0, du = fused_backward(q, k, vp, ld, h0, dop, dSp, scale, cu_seqlens, False, C, need_ld, u)
-        dS0 = dn0 = None
-        if dh0 is not None:
-            dS0 = dh0[..., :V].to(S0.dtype)
-            dn0 = dh0[..., V].to(n0.dtype) if n0 is not None else None
-        return dq, dk, dvp[..., :V], dld, du, dS0, dn0, None, None, None
+        dq, dk, dv, dld, dS0, du, dn0 = fused_backward(q, k, v, ld, S0, do, dS, scale, cu_seqlens, False, C, need_ld,
+                                                       u, ones=(dden, n0, dn))
+        if dn0 is not None and n0 is not None:
+            dn0 = dn0.to(n0.dtype)
+        return dq, dk, dv, dld, du, dS0, (dn0 if n0 is not None else None), None, None, None

@@ -33,9 +33,13 @@ def _bounds(layout, C):
     return layout.chunk_start, ends.to(torch.int32).contiguous()
 
 
-def fused_backward(q, k, v, ld, h0, do, dS, scale, cu_seqlens, rev, C, need_ld, key_gate=None):
+def fused_backward(q, k, v, ld, h0, do, dS, scale, cu_seqlens, rev, C, need_ld, key_gate=None, ones=None):
     """(dq, dk, dv, dld, dh0, d key_gate) of o = F(q, k, v, ld, None, rev) for the gradient do of o and dS of
-    the final state (None: zero); ld as the caller gave it ([H], [B, T, H], [B, T, H, K] or None), not floored."""
+    the final state (None: zero); ld as the caller gave it ([H], [B, T, H], [B, T, H, K] or None), not floored.
+    ones = (dden, n0, dn): v has one more column of ones, held apart (ula/core/ones.py): dden [B, T, H] the
+    gradient of its output column, n0 / dn [N, H, K] its part of the initial state and of the final state's
+    gradient (each may be None); then dn0 comes last. Forward direction, decays with one value per step: the
+    column enters the dQ and dK passes as a rank-one term of their scores and an extra vector of their states."""
     B, T, H, K = q.shape
     q, k, v, do = q.contiguous(), k.contiguous(), v.contiguous(), do.contiguous()
     layout = make_layout(B, T, C, cu_seqlens, q.device)
@@ -54,25 +58,44 @@ def fused_backward(q, k, v, ld, h0, do, dS, scale, cu_seqlens, rev, C, need_ld, 
     h0f = h0.to(f32).contiguous() if h0 is not None else None
     dSf = dS.to(f32).contiguous() if dS is not None else None
     u = key_gate.contiguous() if key_gate is not None else None
+    on = ones is not None
+    e = n0f = dnf = None
+    if on:
+        assert not rev and not vec
+        dden, n0, dn = ones
+        e = (dden.float() if dden is not None else q.new_zeros(q.shape[:3], dtype=f32)).contiguous()
+        if h0f is not None:
+            n0f = n0.to(f32).contiguous() if n0 is not None else h0f.new_zeros(h0f.shape[:-1])
+        if dSf is None and dn is not None:
+            dSf = dn.new_zeros((*dn.shape, v.shape[-1]), dtype=f32)
+        if dSf is not None:
+            dnf = dn.to(f32).contiguous() if dn is not None else dSf.new_zeros(dSf.shape[:-1])
 
     # the state gradients (the dK and dV passes' states, one kernel): Σ qᵀ (scale dO), entering with dS
-    g_border, dh0, _ = chunk_states(q, do, b_bwd, None, dSf, layout, not rev, dot_w,
-                                    f32 if need_ld else half, scale=scale)
+    g = chunk_states(q, do, b_bwd, None, dSf, layout, not rev, dot_w, f32 if need_ld else half, scale=scale,
+                     ones=on, n0=dnf, e=e)
+    g_border, dh0 = g[0], g[1]
+    g_n, dn0 = g[3] if on else (None, None)
     # the forward's states (the dQ pass's), and the decay gradient's border terms against the state gradients
-    f_border, _, X = chunk_states(k, v, b_fwd, None, h0f, layout, rev, dot_w, f32 if wide else half,
-                                  partner=g_border if need_ld else None, gate=u)
+    f = chunk_states(k, v, b_fwd, None, h0f, layout, rev, dot_w, f32 if wide else half,
+                     partner=g_border if need_ld else None, gate=u, ones=on, n0=n0f,
+                     partner_n=g_n if need_ld else None)
+    f_border, X = f[0], f[2]
+    f_n = f[3][0] if on else None
     # a right decay in the dQ and dK passes; one value per step commutes and is carried on the left
     left_q, right_q = (None, b_fwd) if vec else (b_fwd, None)
     left_k, right_k = (None, b_bwd) if vec else (b_bwd, None)
     # forward-direction passes read their initial state through the output kernel (transposed like the states)
     dq_out = chunk_output(do, v, k, left_q, right_q, f_border, h0f if not rev else None, scale, layout, rev, dot_w,
-                          q.dtype, state_transposed=True, gate=u, dg=(q, None, 1.0, vec) if need_ld else None)
+                          q.dtype, state_transposed=True, gate=u, dg=(q, None, 1.0, vec) if need_ld else None,
+                          rank_one=(1, e, f_n, n0f) if on else None)
     dq, db = (dq_out[0], dq_out[1]) if need_ld else (dq_out, None)
     del f_border
     extras = need_ld or u is not None
     dk_out = chunk_output(v, do, q, left_k, right_k, g_border, dSf if rev else None, 1.0, layout, not rev, dot_w,
                           k.dtype, scale_intra=scale, state_transposed=True, gate=u, gate_rows=True,
-                          dg=(k, db, -1.0, vec) if need_ld else None, du_of=k if u is not None else None)
+                          dg=(k, db, -1.0, vec) if need_ld else None, du_of=k if u is not None else None,
+                          rank_one=(2, e, g_n, None) if on else None)
     dk, du = (dk_out[0], dk_out[2]) if extras else (dk_out, None)
     dv = chunk_output(k, q, do, b_bwd, None, g_border, dSf if rev else None, 1.0, layout, not rev, dot, v.dtype,
                       scale_intra=scale, gate=u, gate_rows=True)
@@ -80,9 +103,11 @@ def fused_backward(q, k, v, ld, h0, do, dS, scale, cu_seqlens, rev, C, need_ld, 
     if h0 is not None:
         if not rev and gl is not None:  # the state gradients ran in reverse and leave through the first step
             dh0 = _final_decay(dh0, gl.clamp_min(LOG_DECAY_FLOOR), None, cu_seqlens)
+            if on:
+                dn0 = _final_decay(dn0.unsqueeze(-1), gl.clamp_min(LOG_DECAY_FLOOR), None, cu_seqlens).squeeze(-1)
         dh0 = dh0.to(h0.dtype)
     else:
-        dh0 = None
+        dh0 = dn0 = None
     dld = None
     if need_ld:
         db = db.unsqueeze(0) if vec else db.unsqueeze(-1)  # [B, T, H, K] per feature, else [V tiles, B, T, H]
@@ -93,4 +118,6 @@ def fused_backward(q, k, v, ld, h0, do, dS, scale, cu_seqlens, rev, C, need_ld, 
         dld = dld.to(ld.dtype)
     if du is not None:
         du = (du[0] if du.shape[0] == 1 else du.sum(0)).to(key_gate.dtype)
+    if on:
+        return dq, dk, dv, dld, dh0, du, dn0
     return dq, dk, dv, dld, dh0, du

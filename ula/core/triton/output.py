@@ -39,8 +39,20 @@ def _ones_sum(A, u_base, r64, m, GATE: tl.constexpr):
 
 
 @triton.jit
+def _rank_one(A, e_base, ri, mi, rj, mj, R1: tl.constexpr):
+    """The scores of one more feature, e on one side and 1 on the other (a column of ones in v, and its gradient
+    e, in the backward's passes): R1 = 1 adds e_i of the rows, R1 = 2 e_j of the keys."""
+    if R1 == 1:
+        A += tl.load(e_base + ri, mask=mi, other=0.0).to(tl.float32)[:, None]
+    elif R1 == 2:
+        A += tl.load(e_base + rj, mask=mj, other=0.0).to(tl.float32)[None, :]
+    return A
+
+
+@triton.jit
 def _offdiag(q_base, k_base, v_base, b_base, u_base, rows, mi, js, ce, vc, mv, K, V, H, DB: tl.constexpr, BT: tl.constexpr,
-             BK: tl.constexpr, HAS_B: tl.constexpr, GATE: tl.constexpr, DOT: tl.constexpr, ONES: tl.constexpr):
+             BK: tl.constexpr, HAS_B: tl.constexpr, GATE: tl.constexpr, DOT: tl.constexpr, ONES: tl.constexpr, e_base,
+             R1: tl.constexpr):
     """Contribution of the key block starting at js (entirely before the rows, after them in reverse), for
     decays with one value per step: the block's decays are one [BT, BT] factor after the matmul. Returns it and
     (with ONES) the block's share of the normalizer."""
@@ -55,6 +67,7 @@ def _offdiag(q_base, k_base, v_base, b_base, u_base, rows, mi, js, ce, vc, mv, K
         qt = operand(tl.load(q_base + ri[:, None] * K + kc[None, :], mask=mi[:, None] & mk[None, :], other=0.0), DOT)
         kt = operand(tl.load(k_base + rj[:, None] * K + kc[None, :], mask=mj[:, None] & mk[None, :], other=0.0), DOT)
         A += mm(qt, tl.trans(kt), DOT)
+    A = _rank_one(A, e_base, ri, mi, rj, mj, R1)
     if HAS_B:
         bi = tl.load(b_base + ri * DB, mask=mi, other=0.0)
         bj = tl.load(b_base + rj * DB, mask=mj, other=0.0)
@@ -167,7 +180,7 @@ def _diag_vec(q_base, k_base, v_base, b_base, c_base, u_base, rows, mi, ce, vc, 
 @triton.jit
 def _diag(q_base, k_base, v_base, b_base, u_base, rows, mi, vc, mv, K, V, H, DB: tl.constexpr, BT: tl.constexpr,
           BK: tl.constexpr, HAS_B: tl.constexpr, REVERSE: tl.constexpr, GATE: tl.constexpr, DOT: tl.constexpr,
-          ONES: tl.constexpr):
+          ONES: tl.constexpr, e_base, R1: tl.constexpr):
     """Contribution of the rows' own block (keys = the same steps), causal in the direction of the pass,
     for decays without a per-feature part (one value per step); with ONES also its share of the normalizer."""
     ri = rows.to(tl.int64) * H
@@ -182,6 +195,7 @@ def _diag(q_base, k_base, v_base, b_base, u_base, rows, mi, vc, mv, K, V, H, DB:
         qt = operand(tl.load(q_base + ri[:, None] * K + kc[None, :], mask=mik, other=0.0), DOT)
         kt = operand(tl.load(k_base + ri[:, None] * K + kc[None, :], mask=mik, other=0.0), DOT)
         A += mm(qt, tl.trans(kt), DOT)
+    A = _rank_one(A, e_base, ri, mi, ri, mi, R1)
     if HAS_B:
         bi = tl.load(b_base + ri * DB, mask=mi, other=0.0)
         A = A * tl.exp(tl.where(m, bi[:, None] - bi[None, :], float("-inf")))
@@ -195,14 +209,15 @@ def _diag(q_base, k_base, v_base, b_base, u_base, rows, mi, vc, mv, K, V, H, DB:
 
 
 @triton.jit
-def _output_kernel(q, k, v, b, c, u, border, h0, o, dg_a, dg_out, du_out, n_border, n0, den, cu, chunk_seq, chunk_start,
+def _output_kernel(q, k, v, b, c, u, border, h0, o, dg_a, dg_out, du_out, n_border, n0, den, e, cu, chunk_seq,
+                   chunk_start,
                    T, H, K, V, NC, sb_b, sc_b,
                    s_sk, s_sv, scale_inter, scale_intra, dg_coef, dg_slab,
                    DB: tl.constexpr, C: tl.constexpr, NRB: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
                    BV: tl.constexpr, HAS_B: tl.constexpr, HAS_C: tl.constexpr, VEC: tl.constexpr,
                    HAS_H0: tl.constexpr, REVERSE: tl.constexpr, VARLEN: tl.constexpr, DOT: tl.constexpr,
                    LOG_BT: tl.constexpr, DG: tl.constexpr, DG_ACC: tl.constexpr, BKF: tl.constexpr,
-                   GATE: tl.constexpr, HAS_DU: tl.constexpr, ONES: tl.constexpr):
+                   GATE: tl.constexpr, HAS_DU: tl.constexpr, ONES: tl.constexpr, R1: tl.constexpr):
     i_r, i_v, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)  # row blocks on axis 0 (up to 2^31)
     i_b, i_h = i_bh // H, i_bh % H
     i_c = i_r // NRB
@@ -232,6 +247,7 @@ def _output_kernel(q, k, v, b, c, u, border, h0, o, dg_a, dg_out, du_out, n_bord
         b_base = b + i_b.to(tl.int64) * sb_b + i_h * DB
         c_base = c + i_b.to(tl.int64) * sc_b + i_h * V
         u_base = u + i_b.to(tl.int64) * T * H + i_h
+        e_base = e + i_b.to(tl.int64) * T * H + i_h
         # inter-chunk part through the state entering the chunk
         bord = border + ((i_b.to(tl.int64) * H + i_h) * NC) * K * V
         if REVERSE:
@@ -269,6 +285,19 @@ def _output_kernel(q, k, v, b, c, u, border, h0, o, dg_a, dg_out, du_out, n_bord
                 if HAS_H0:
                     nt += tl.load(n0_ptr + kc, mask=mk & first, other=0.0)
                 den_inter += tl.sum(qt.to(tl.float32) * nt[None, :], 1)
+        if R1 > 0:  # the extra feature's share through the state: e_i (rows) or 1 times the state's extra vector
+            n_head = n_border + (i_b.to(tl.int64) * H + i_h) * NC * V
+            if REVERSE:
+                nt = tl.load(n_head + i_c.to(tl.int64) * V + vc, mask=mv, other=0.0).to(tl.float32)
+            else:
+                nt = tl.load(n_head + tl.maximum(i_c - 1, 0).to(tl.int64) * V + vc, mask=mv & from_border,
+                             other=0.0).to(tl.float32)
+                if HAS_H0:
+                    nt += tl.load(n0 + (seq.to(tl.int64) * H + i_h) * V + vc, mask=mv & first, other=0.0)
+            if R1 == 1:
+                acc += tl.load(e_base + ri, mask=mi, other=0.0).to(tl.float32)[:, None] * nt[None, :]
+            else:
+                acc += nt[None, :]
         if HAS_B and DB == 1:  # one decay per step: after the matmul, so q e^b is not rounded to half precision
             eb = tl.exp(tl.load(b_base + ri * DB, mask=mi, other=0.0))
             acc = acc * eb[:, None]
@@ -284,7 +313,7 @@ def _output_kernel(q, k, v, b, c, u, border, h0, o, dg_a, dg_out, du_out, n_bord
                              BV, LOG_BT, HAS_B, HAS_C, REVERSE, GATE, DOT) * scale_intra
         else:
             part, ones = _diag(q_base, k_base, v_base, b_base, u_base, rows, mi, vc, mv, K, V, H, DB, BT, BK, HAS_B,
-                               REVERSE, GATE, DOT, ONES)
+                               REVERSE, GATE, DOT, ONES, e_base, R1)
             acc += part * scale_intra
             den_intra += ones
         if REVERSE:
@@ -322,7 +351,7 @@ def _output_kernel(q, k, v, b, c, u, border, h0, o, dg_a, dg_out, du_out, n_bord
         else:
             for js in range(lo, hi, BT):
                 part, ones = _offdiag(q_base, k_base, v_base, b_base, u_base, rows, mi, js, ce, vc, mv, K, V, H, DB,
-                                      BT, BK, HAS_B, GATE, DOT, ONES)
+                                      BT, BK, HAS_B, GATE, DOT, ONES, e_base, R1)
                 acc += part * scale_intra
                 den_intra += ones
         if GATE == 2:  # a key gate in the passes whose rows are key steps: the gradient of k e^u is e^u times
@@ -351,7 +380,8 @@ def _output_kernel(q, k, v, b, c, u, border, h0, o, dg_a, dg_out, du_out, n_bord
 
 
 def chunk_output(q, k, v, b, c, border, h0, scale, layout, reverse, dot, out_dtype=torch.float32, *,
-                 scale_intra=None, state_transposed=False, gate=None, gate_rows=False, dg=None, du_of=None, ones=None):
+                 scale_intra=None, state_transposed=False, gate=None, gate_rows=False, dg=None, du_of=None, ones=None,
+                 rank_one=None):
     """o [B, T, H, V] in out_dtype from q, k [B, T, H, K], v [B, T, H, V] (contiguous), the chunk-local cumulative
     log decays b [Bg, T, H, K|1], c [Bg, T, H, V] (or None) and the border states of kernel 2.
 
@@ -365,7 +395,10 @@ def chunk_output(q, k, v, b, c, border, h0, scale, layout, reverse, dot, out_dty
     du_of = a: the sums over each V tile of a ⊙ o, [V tiles, B, T, H] float32 (a key gate's gradient);
     ones = (n_border [B, H, n, K], n0 [N, H, K] float32 or None): the forward's normalizer, what a column of ones
     appended to v would give, [B, T, H] float32, from chunk_states(..., ones=True) (decays with one value per
-    step, forward); returned as (o, den)."""
+    step, forward); returned as (o, den);
+    rank_one = (mode, e [B, T, H] float32, n_border [B, H, n, V], n0 [N, H, V] or None): one more feature in the scores,
+    e of the rows (mode 1) or of the keys (mode 2) against 1 on the other side, whose state part is n_border (and n0
+    for the first chunk going forward): the backward's dQ and dK passes of a column of ones in v (ula/core/ones.py)."""
     B, T, H, K = q.shape
     V = v.shape[-1]
     vec = (b is not None and b.shape[-1] > 1) or c is not None
@@ -391,6 +424,11 @@ def chunk_output(q, k, v, b, c, border, h0, scale, layout, reverse, dot, out_dty
         du_out = alloc(slabs, q.device)
     s_sk, s_sv = (1, K) if state_transposed else (V, 1)
     den = n_border = n0 = None
+    r1, e = 0, None
+    if rank_one is not None:
+        assert not vec and ones is None
+        r1, e, n_border, n0 = rank_one
+        W = 8 if not is_tuned(name) else W  # 4 warps spill ~200 B per thread on sm_90, 8 none (offline compile)
     if ones is not None:
         assert not vec and not reverse and dg is None and du_of is None and not state_transposed
         n_border, n0 = ones
@@ -403,7 +441,7 @@ def chunk_output(q, k, v, b, c, border, h0, scale, layout, reverse, dot, out_dty
            gate if gate is not None else dummy, border, h0 if h0 is not None else dummy, o, dg_a,
            dg_out if dg_out is not None else dummy, du_out if du_out is not None else dummy,
            n_border if n_border is not None else dummy, n0 if n0 is not None else dummy,
-           den if den is not None else dummy,
+           den if den is not None else dummy, e if e is not None else dummy,
            layout.cu, layout.chunk_seq, layout.chunk_start, T, H, K, V, layout.n,
            (b.stride(0) if b is not None and b.shape[0] > 1 else 0),
            (c.stride(0) if c is not None and c.shape[0] > 1 else 0), s_sk, s_sv, float(scale),
@@ -412,7 +450,7 @@ def chunk_output(q, k, v, b, c, border, h0, scale, layout, reverse, dot, out_dty
            HAS_B=b is not None, HAS_C=c is not None, VEC=vec, HAS_H0=h0 is not None,
            REVERSE=reverse, VARLEN=layout.varlen, DOT=dot, LOG_BT=BT.bit_length() - 1,
            DG=dg_mode, DG_ACC=dg_acc, BKF=block(K, 256),
-           GATE=0 if gate is None else (2 if gate_rows else 1), HAS_DU=du_out is not None, ONES=den is not None,
+           GATE=0 if gate is None else (2 if gate_rows else 1), HAS_DU=du_out is not None, ONES=den is not None, R1=r1,
            num_warps=W)
     if den is not None:
         return o, den

@@ -75,10 +75,12 @@ def _chunk_factors(it, nc, bos, eos, b_base, u_base, kc, mk, H, DB: tl.constexpr
 
 
 @triton.jit
-def _rows_into_state(S, n, r0, ce, k_base, v_base, c_base, c_end, f, kc, vc, mk, mv, K, V, H, scale, DB: tl.constexpr,
-                     BT: tl.constexpr, HAS_F: tl.constexpr, HAS_C: tl.constexpr, DOT: tl.constexpr, ONES: tl.constexpr):
+def _rows_into_state(S, n, r0, ce, k_base, v_base, c_base, e_base, c_end, f, kc, vc, mk, mv, K, V, H, scale,
+                     DB: tl.constexpr, BT: tl.constexpr, HAS_F: tl.constexpr, HAS_C: tl.constexpr, DOT: tl.constexpr,
+                     ONES: tl.constexpr, HAS_E: tl.constexpr):
     """S + scale (f ⊙ k)ᵀ (v decayed to the chunk's end) over rows r0 .. r0 + BT (before ce); f: the rows' factor
-    of k (_row_factor). With ONES also n + scale Σ_rows f ⊙ k (what a column of ones in v adds: the normalizer)."""
+    of k (_row_factor). With ONES also n + scale Σ_rows f ⊙ k (e_t ⊙ f ⊙ k with HAS_E): the state's column for
+    one more column of v, of ones (the normalizer) or of e (its gradient, in the backward)."""
     rows = r0 + tl.arange(0, BT)
     mr = rows < ce
     r64 = rows.to(tl.int64) * H
@@ -93,19 +95,24 @@ def _rows_into_state(S, n, r0, ce, k_base, v_base, c_base, c_end, f, kc, vc, mk,
         ct = tl.load(c_base + r64[:, None] * V + vc[None, :], mask=mr[:, None] & mv[None, :], other=0.0)
         vt = vt * tl.exp(tl.where(mr[:, None], c_end[None, :] - ct, float("-inf")))
     if ONES:
-        n = n + tl.sum(kt.to(tl.float32), 0) * scale
+        w = kt.to(tl.float32)
+        if HAS_E:
+            w = w * tl.load(e_base + r64, mask=mr, other=0.0).to(tl.float32)[:, None]
+        n = n + tl.sum(w, 0) * scale
     return S + mm(tl.trans(kt), vt, DOT) * scale, n
 
 
 @triton.jit
 def _border_products(S, partner, X, b_base, bord_off, x_off, ce, eos, kv_off, kc, mk, mkv, H,
-                     DB: tl.constexpr, REVERSE: tl.constexpr):
+                     DB: tl.constexpr, REVERSE: tl.constexpr, n, partner_n, n_off, n_ok, ONES: tl.constexpr):
     """Row sums over this V tile of S ⊙ partner at one chunk border, times the decay of the step after the chunk:
     the border term X of the log-decay gradient (ula/core/decay_grad.py). That step's log decay is in the
     cumulative sum already: the first row of the next chunk going forward, the chunk's last row in reverse
     (0 at a sequence's end)."""
     p = tl.load(partner + bord_off + kv_off, mask=mkv, other=0.0).to(tl.float32)
     x = tl.sum(S * p, 1)
+    if ONES:  # the extra columns (n and its partner), in the first V tile's sum
+        x += n * tl.load(partner_n + n_off + kc, mask=n_ok, other=0.0).to(tl.float32)
     if REVERSE:
         row = ce - 1
     else:
@@ -119,11 +126,13 @@ def _border_products(S, partner, X, b_base, bord_off, x_off, ce, eos, kv_off, kc
 
 
 @triton.jit
-def _state_kernel(k, v, b, c, u, h0, border, final, partner, X, n0, n_border, n_final, cu, chunk_offset, T, H, K, V, NC,
+def _state_kernel(k, v, b, c, u, h0, border, final, partner, X, n0, n_border, n_final, e, partner_n, cu, chunk_offset,
+                  T, H, K, V, NC,
                   NVT, sb_b, sc_b, scale,
                   DB: tl.constexpr, C: tl.constexpr, NB: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
                   HAS_B: tl.constexpr, HAS_C: tl.constexpr, HAS_H0: tl.constexpr, REVERSE: tl.constexpr,
-                  VARLEN: tl.constexpr, DOT: tl.constexpr, HAS_X: tl.constexpr, GATE: tl.constexpr, ONES: tl.constexpr):
+                  VARLEN: tl.constexpr, DOT: tl.constexpr, HAS_X: tl.constexpr, GATE: tl.constexpr, ONES: tl.constexpr,
+                  HAS_E: tl.constexpr):
     i_nh, i_k, i_v = tl.program_id(0), tl.program_id(1), tl.program_id(2)  # sequences x heads on axis 0
     i_n, i_h = i_nh // H, i_nh % H
     if VARLEN:
@@ -147,6 +156,7 @@ def _state_kernel(k, v, b, c, u, h0, border, final, partner, X, n0, n_border, n_
     b_base = b + i_b.to(tl.int64) * sb_b + i_h * DB
     c_base = c + i_b.to(tl.int64) * sc_b + i_h * V
     u_base = u + i_b.to(tl.int64) * T * H + i_h
+    e_base = e + i_b.to(tl.int64) * T * H + i_h
     kv_off = kc[:, None] * V + vc[None, :]
     chunk0 = (i_b.to(tl.int64) * H + i_h) * NC + c0  # this sequence's first chunk among all [B, H, n]
     bord_base = border + chunk0 * K * V
@@ -169,9 +179,12 @@ def _state_kernel(k, v, b, c, u, h0, border, final, partner, X, n0, n_border, n_
         idx, cs, ce, e_row = _chunk_span(it, nc, bos, eos, C, REVERSE)
         if REVERSE:
             tl.store(bord_base + idx.to(tl.int64) * K * V + kv_off, S, mask=mkv)
+            if ONES:
+                tl.store(n_border + (chunk0 + idx) * K + kc, n, mask=n_ok)
             if HAS_X:
                 _border_products(S, partner, X, b_base, (chunk0 + idx) * K * V, ((chunk0 + idx) * NVT + i_v) * K,
-                                 ce, eos, kv_off, kc, mk, mkv, H, DB, REVERSE)
+                                 ce, eos, kv_off, kc, mk, mkv, H, DB, REVERSE, n, partner_n, (chunk0 + idx) * K, n_ok,
+                                 ONES)
         b_end = 0.0
         c_end = 0.0
         if HAS_F and NB <= 2:
@@ -197,45 +210,46 @@ def _state_kernel(k, v, b, c, u, h0, border, final, partner, X, n0, n_border, n_
         # every block's tiles would stay in shared memory at once)
         if NB <= 2:
             if HAS_F:
-                S, n = _rows_into_state(S, n, cs, ce, k_base, v_base, c_base, c_end, f0, kc, vc, mk, mv, K, V, H,
-                                        scale, DB, BT, HAS_F, HAS_C, DOT, ONES)
+                S, n = _rows_into_state(S, n, cs, ce, k_base, v_base, c_base, e_base, c_end, f0, kc, vc, mk, mv, K,
+                                        V, H, scale, DB, BT, HAS_F, HAS_C, DOT, ONES, HAS_E)
                 if NB == 2:
-                    S, n = _rows_into_state(S, n, cs + BT, ce, k_base, v_base, c_base, c_end, f1, kc, vc, mk, mv, K,
-                                            V, H, scale, DB, BT, HAS_F, HAS_C, DOT, ONES)
+                    S, n = _rows_into_state(S, n, cs + BT, ce, k_base, v_base, c_base, e_base, c_end, f1, kc, vc,
+                                            mk, mv, K, V, H, scale, DB, BT, HAS_F, HAS_C, DOT, ONES, HAS_E)
             else:
                 for sb in tl.static_range(NB):
-                    S, n = _rows_into_state(S, n, cs + sb * BT, ce, k_base, v_base, c_base, c_end, 0.0, kc, vc, mk,
-                                            mv, K, V, H, scale, DB, BT, HAS_F, HAS_C, DOT, ONES)
+                    S, n = _rows_into_state(S, n, cs + sb * BT, ce, k_base, v_base, c_base, e_base, c_end, 0.0,
+                                            kc, vc, mk, mv, K, V, H, scale, DB, BT, HAS_F, HAS_C, DOT, ONES, HAS_E)
         else:
             for sb in range(NB):
                 f = 0.0
                 if HAS_F:
                     f = _row_factor(cs + sb * BT, ce, True, b_base, u_base, b_end, kc, mk, H, DB, BT, BK, HAS_B, GATE)
-                S, n = _rows_into_state(S, n, cs + sb * BT, ce, k_base, v_base, c_base, c_end, f, kc, vc, mk, mv, K,
-                                        V, H, scale, DB, BT, HAS_F, HAS_C, DOT, ONES)
+                S, n = _rows_into_state(S, n, cs + sb * BT, ce, k_base, v_base, c_base, e_base, c_end, f, kc, vc,
+                                        mk, mv, K, V, H, scale, DB, BT, HAS_F, HAS_C, DOT, ONES, HAS_E)
         if not REVERSE:
             tl.store(bord_base + idx.to(tl.int64) * K * V + kv_off, S, mask=mkv)
             if ONES:
                 tl.store(n_border + (chunk0 + idx) * K + kc, n, mask=n_ok)
             if HAS_X:
                 _border_products(S, partner, X, b_base, (chunk0 + idx) * K * V, ((chunk0 + idx) * NVT + i_v) * K,
-                                 ce, eos, kv_off, kc, mk, mkv, H, DB, REVERSE)
+                                 ce, eos, kv_off, kc, mk, mkv, H, DB, REVERSE, n, partner_n, (chunk0 + idx) * K, n_ok,
+                                 ONES)
     tl.store(final + (i_n.to(tl.int64) * H + i_h) * K * V + kv_off, S, mask=mkv)
     if ONES:
         tl.store(n_final + (i_n.to(tl.int64) * H + i_h) * K + kc, n, mask=n_ok)
 
 
 def chunk_states(k, v, b, c, h0, layout, reverse, dot, state_dtype=torch.float32, scale=1.0, partner=None, gate=None,
-                 ones=False, n0=None):
+                 ones=False, n0=None, e=None, partner_n=None):
     """k [B, T, H, K], v [B, T, H, V] contiguous; b [Bg, T, H, K|1], c [Bg, T, H, V] chunk-local cumulative
     log decays (or None); h0 [N, H, K, V] float32 contiguous or None; every k_tᵀ v_t enters times `scale` (and
     exp(gate_t) with a log key gate [B, T, H], contiguous).
     Returns the border states [B, H, n, K, V] in state_dtype, the final state [N, H, K, V] float32 (before the
     extra decay of a reverse pass) and, with a partner (the border states of the opposite direction, same
     shape), the log-decay gradient's border terms [B, H, n, V tiles, K] float32 (else None).
-    ones (forward, decays with one value per step): also the state's column for a column of ones appended to v,
-    from n0 [N, H, K] float32 (or zero): returned after X as (n_border [B, H, n, K] in state_dtype, n_final
-    [N, H, K] float32)."""
+    ones (decays with one value per step): also the state's column for one more column of v, of ones or of e
+    [B, T, H] (float32, contiguous), from n0 [N, H, K] float32 (or zero): returned after X as (n_border [B, H, n, K]
+    in state_dtype, n_final [N, H, K] float32); with a partner, its column partner_n joins the border terms."""
     B, T, H, K = k.shape
     V = v.shape[-1]
     N = layout.N
@@ -252,7 +266,7 @@ def chunk_states(k, v, b, c, h0, layout, reverse, dot, state_dtype=torch.float32
     X = alloc((B, H, layout.n, NVT, K), k.device) if partner is not None else None
     n_border = n_final = None
     if ones:
-        assert not reverse and c is None and (b is None or b.shape[-1] == 1) and partner is None
+        assert c is None and (b is None or b.shape[-1] == 1) and (partner is None or partner_n is not None)
         n_border = alloc((B, H, layout.n, K), k.device, state_dtype)
         n_final = alloc((N, H, K), k.device)
     DB = b.shape[-1] if b is not None else 1
@@ -262,12 +276,13 @@ def chunk_states(k, v, b, c, h0, layout, reverse, dot, state_dtype=torch.float32
            gate if gate is not None else dummy, h0 if h0 is not None else dummy, border, final,
            partner if partner is not None else dummy, X if X is not None else dummy,
            n0 if n0 is not None else dummy, n_border if ones else dummy, n_final if ones else dummy,
+           e if e is not None else dummy, partner_n if partner_n is not None else dummy,
            layout.cu, layout.chunk_offset, T, H, K, V, layout.n, NVT,
            (b.stride(0) if b is not None and b.shape[0] > 1 else 0),
            (c.stride(0) if c is not None and c.shape[0] > 1 else 0), float(scale),
            DB=DB, C=layout.C, NB=layout.C // BT, BT=BT, BK=BK, BV=BV, HAS_B=b is not None, HAS_C=c is not None,
            HAS_H0=h0 is not None, REVERSE=reverse, VARLEN=layout.varlen, DOT=dot, HAS_X=X is not None,
-           GATE=gate is not None, ONES=ones,
+           GATE=gate is not None, ONES=ones, HAS_E=e is not None,
            num_warps=W)
     if ones:
         return border, final, X, (n_border, n_final)
