@@ -51,6 +51,32 @@ for kind in ("scalar", "vector"):  # the key gate, applied inside the kernels
         ok = all(e < 2e-2 for e in errs)
         bad += not ok
         print(kind, "key_gate", reverse, "ok" if ok else "BAD", " ".join(f"{e:.1e}" for e in errs), flush=True)
+# the column of ones held apart (ula/core/ones.py: mLSTMexp, normalized attention), bf16 Triton against float64
+from ula.core.ones import linear_attention_with_ones  # noqa: E402
+for kind in ("none", "constant", "scalar"):
+    torch.manual_seed(0)
+    B, T, H, K, V = 2, 300, 3, 64, 48
+    xs = [torch.randn(B, T, H, K, device="cuda"), torch.randn(B, T, H, K, device="cuda") * K ** -0.5,
+          torch.randn(B, T, H, V, device="cuda")]
+    xs = [x.bfloat16().float() for x in xs]
+    ld = {"none": None, "constant": -torch.rand(H, device="cuda") * 0.1,
+          "scalar": torch.nn.functional.logsigmoid(torch.randn(B, T, H, device="cuda") + 3)}[kind]
+    u = torch.nn.functional.logsigmoid(torch.randn(B, T, H, device="cuda"))
+    init = (torch.randn(B, H, K, V, device="cuda") * 0.1, torch.randn(B, H, K, device="cuda") * 0.1)
+    ws = [torch.randn(B, T, H, V, device="cuda"), torch.randn(B, T, H, device="cuda")]
+    outs = []
+    for backend, dt in (("torch", torch.float64), ("triton", torch.bfloat16)):
+        leaves = [x.to(dt if i < 3 else torch.float64 if dt == torch.float64 else torch.float32).detach()
+                  .requires_grad_() for i, x in enumerate(xs + [u] + ([ld] if ld is not None else []))]
+        lv = leaves[4] if ld is not None else None
+        o, den, _ = linear_attention_with_ones(*leaves[:3], lv, initial_state=tuple(t.to(leaves[3].dtype)
+                                               for t in init), backend=backend, key_gate=leaves[3])
+        ((o.double() * ws[0]).sum() + (den.double() * ws[1]).sum()).backward()
+        outs.append([o, den] + [x.grad for x in leaves])
+    errs = [((a.double() - b).norm() / b.norm()).item() for a, b in zip(outs[1], outs[0])]
+    ok = all(e < 2e-2 for e in errs)
+    bad += not ok
+    print("ones", kind, "ok" if ok else "BAD", " ".join(f"{e:.1e}" for e in errs), flush=True)
 # the fused decoding step (ula.ops._common._step on CUDA without gradients) against its PyTorch form in float64
 from ula.ops._common import _step  # noqa: E402
 for ld_shape in (None, (3,), (2, 3), (2, 3, 64)):

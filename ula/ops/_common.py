@@ -120,8 +120,8 @@ class PackedLayout:
 
 
 def with_ones_column(v):
-    """[v, 1] along the last dim: a normalizer carried as one more value column (mLSTMexp, normalized attention;
-    the key's constant feature of normalized attention's one-step form too). On the Triton path the core pads
-    such a 129-wide row to 144 (ula.core.api._pad_to_16)."""
+    """[v, 1] along the last dim: a normalizer carried as one more value column in the one-step forms of mLSTMexp
+    and normalized attention (the key's constant feature of the latter too). Their chunk paths keep the column
+    implicit (ula/core/ones.py)."""
     return torch.cat([v, torch.ones_like(v[..., :1])], -1)
 

@@ -163,8 +163,8 @@ def _state_kernel(k, v, b, c, u, h0, border, final, partner, X, n0, n_border, n_
     S = tl.zeros([BK, BV], dtype=tl.float32)
     if HAS_H0:
         S += tl.load(h0 + (i_n.to(tl.int64) * H + i_h) * K * V + kv_off, mask=mkv, other=0.0).to(tl.float32)
-    # ONES (forward, decays with one value per step): n, the state's column for a column of ones in v, kept by
-    # every V tile and stored by the first
+    # ONES (decays with one value per step): n, the state's column for one more column of v (ones, or e with
+    # HAS_E), kept by every V tile and stored by the first
     n = tl.zeros([BK], dtype=tl.float32)
     n_ok = mk & (i_v == 0)
     if ONES and HAS_H0:
