@@ -77,6 +77,31 @@ for kind in ("none", "constant", "scalar"):
     ok = all(e < 2e-2 for e in errs)
     bad += not ok
     print("ones", kind, "ok" if ok else "BAD", " ".join(f"{e:.1e}" for e in errs), flush=True)
+# the families on it: mLSTMexp (with an initial state) and normalized attention, bf16 Triton against float64
+for fam in ("mlstm_exp", "normalized"):
+    torch.manual_seed(0)
+    B, T, H, K, V = 2, 300, 3, 64, 48
+    base = [torch.randn(B, T, H, D, device="cuda").bfloat16().float() for D in (K, K, V)]
+    gates = [torch.randn(B, T, H, device="cuda") + s for s in (0.0, 3.0)]
+    init = (torch.randn(B, H, K, V, device="cuda") * 0.1, torch.randn(B, H, K, device="cuda").abs() * 0.1,
+            torch.randn(B, H, device="cuda"))
+    w = torch.randn(B, T, H, V, device="cuda")
+    outs = []
+    for backend, dt in (("torch", torch.float64), ("triton", torch.bfloat16)):
+        xs = [x.to(dt).requires_grad_() for x in base]
+        gs = [g.to(torch.float64 if dt == torch.float64 else torch.float32).requires_grad_() for g in gates]
+        if fam == "mlstm_exp":
+            st = tuple(t.to(gs[0].dtype) for t in init)
+            h, _ = ula.mlstm(*xs, *gs, variant="exp", initial_state=st, backend=backend)
+        else:
+            h, _ = ula.normalized_linear_attention(*xs, 1.5, 1.0, backend=backend)
+            gs = []
+        (h.double() * w).sum().backward()
+        outs.append([h] + [x.grad for x in xs + gs])
+    errs = [((a.double() - b).norm() / b.norm()).item() for a, b in zip(outs[1], outs[0])]
+    ok = all(e < 2e-2 for e in errs)
+    bad += not ok
+    print(fam, "ok" if ok else "BAD", " ".join(f"{e:.1e}" for e in errs), flush=True)
 # the fused decoding step (ula.ops._common._step on CUDA without gradients) against its PyTorch form in float64
 from ula.ops._common import _step  # noqa: E402
 for ld_shape in (None, (3,), (2, 3), (2, 3, 64)):

@@ -169,8 +169,8 @@ def _exp_run(q, k, v, ldp, logw, m, mT, initial_state, eps, kw, anchor=None):
     o, den, fin = linear_attention_with_ones(q, ks, v, ldp.to(decay_dtype(q)), initial_state=init, key_gate=gate,
                                              **kw)
     f = _one(-m)  # exp(m̂ - m)
-    num = o * f.unsqueeze(-1).to(o.dtype)
-    h = num / _denominator(den * f.to(den.dtype), m, eps).unsqueeze(-1).to(num.dtype)
+    # h = o f / (max(|den f|, exp(-m)) + eps): the per-step factor first, so [B, T, H, V] sees one multiply
+    h = o * (f / _denominator(den * f.to(den.dtype), m, eps)).unsqueeze(-1).to(o.dtype)
     if fin is None:
         return h, None
     S, n = fin
