@@ -56,6 +56,20 @@ def test_normalized_matches_eq4_directly_and_without_l2():
     check(errs, seed)
 
 
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+def test_normalized_a_zero_state(backend):
+    """a = 0 (the number): the op skips the a part's sums for the output but still returns the whole state
+    (its last row, Σ v and the count, is what a later call with a != 0 needs)."""
+    seed = fresh_seed()
+    q, k = torch.rand(B, T, H, K), torch.rand(B, T, H, K)  # positive features: no denominator near 0
+    kw = dict(KW, backend=backend)
+    errs = compare(lambda h0, **x: ula.normalized_linear_attention(**x, qk_l2_norm=False, initial_state=h0,
+                                                                   output_final_state=True, **kw),
+                   lambda **x: ref_normalized(**x, qk_l2_norm=False),
+                   dict(q=q, k=k, v=torch.randn(B, T, H, V), a=0.0, b=1.0, h0=_norm_state(B).abs()))
+    check(errs, seed)
+
+
 def test_normalized_norm_in_float32_keeps_input_dtype(monkeypatch):
     """CUDA autocast runs F.normalize in float32 and returns float32 for bfloat16 q, k; the op must not then hand
     the core q, k in float32 beside bfloat16 v (it did: `ula train --mixer normalized` failed on the GPU).

@@ -96,14 +96,19 @@ def normalized_linear_attention(q, k, v, a=1.0, b=1.0, *, qk_l2_norm=True, eps=1
     # last row of the initial state
     dd = decay_dtype(q)
     lay = PackedLayout(cu_seqlens, q.shape[1], q.device)
-    zv = scan_time(lay.pad(v.to(dd)), lambda y: y.cumsum(-1))  # [N, L, H, V]
-    zc = torch.arange(1, zv.shape[1] + 1, device=q.device, dtype=dd).view(1, -1, 1).expand(zv.shape[:3])
-    if S0 is not None:
-        zv = zv + S0[:, :, K, :V].to(dd).unsqueeze(1)
-        zc = zc + S0[:, :, K, V].to(dd).unsqueeze(1)
-    a = a if isinstance(a, float) else a.to(dd)
-    num = o.to(dd) + a * lay.unpad(zv)
-    den = den.to(dd) + (a if isinstance(a, float) else a.squeeze(-1)) * lay.unpad(zc)
+    a_part = not (isinstance(a, float) and a == 0.0)  # a = 0: the sums only for the final state
+    if a_part or fin is not None:
+        zv = scan_time(lay.pad(v.to(dd)), lambda y: y.cumsum(-1))  # [N, L, H, V]
+        zc = torch.arange(1, zv.shape[1] + 1, device=q.device, dtype=dd).view(1, -1, 1).expand(zv.shape[:3])
+        if S0 is not None:
+            zv = zv + S0[:, :, K, :V].to(dd).unsqueeze(1)
+            zc = zc + S0[:, :, K, V].to(dd).unsqueeze(1)
+    num = o.to(dd)
+    den = den.to(dd)
+    if a_part:
+        a = a if isinstance(a, float) else a.to(dd)
+        num = num + a * lay.unpad(zv)
+        den = den + (a if isinstance(a, float) else a.squeeze(-1)) * lay.unpad(zc)
     out = _divide(num, den.unsqueeze(-1), eps).to(v.dtype)
     S = None
     if fin is not None:
