@@ -210,9 +210,7 @@ def _diag(q_base, k_base, v_base, b_base, u_base, rows, mi, vc, mv, K, V, H, DB:
 
 @triton.jit
 def _output_kernel(q, k, v, b, c, u, border, h0, o, dg_a, dg_out, du_out, n_border, n0, den, e, cu, chunk_seq,
-                   chunk_start,
-                   T, H, K, V, NC, sb_b, sc_b,
-                   s_sk, s_sv, scale_inter, scale_intra, dg_coef, dg_slab,
+                   chunk_start, T, H, K, V, NC, sb_b, sc_b, s_sk, s_sv, scale_inter, scale_intra, dg_coef, dg_slab,
                    DB: tl.constexpr, C: tl.constexpr, NRB: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
                    BV: tl.constexpr, HAS_B: tl.constexpr, HAS_C: tl.constexpr, VEC: tl.constexpr,
                    HAS_H0: tl.constexpr, REVERSE: tl.constexpr, VARLEN: tl.constexpr, DOT: tl.constexpr,
