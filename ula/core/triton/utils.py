@@ -40,8 +40,11 @@ def _interpreter_index_shim():
 if INTERPRET:
     _interpreter_index_shim()
 
-# operand type of tl.dot: 0 float32 ("ieee", no tf32), 1 float16, 2 bfloat16 (float32 accumulate in every case)
-DOT_F32, DOT_F16, DOT_BF16 = 0, 1, 2
+# operand type of tl.dot: 0 float32 ("ieee", no tf32), 1 float16, 2 bfloat16 (float32 accumulate in every case);
+# 3: float32 tiles rounded to bfloat16 precision at the dot, the interpreter's stand-in for 2 (ULA_EMULATE_BF16=1)
+DOT_F32, DOT_F16, DOT_BF16, DOT_BF16_EMULATED = 0, 1, 2, 3
+# Precision studies on a CPU: under the interpreter every matmul operand is rounded as a GPU's bfloat16 dot would
+EMULATE_BF16 = INTERPRET and os.environ.get("ULA_EMULATE_BF16") == "1"
 
 
 def alloc(shape, device, dtype=torch.float32):
@@ -67,11 +70,22 @@ def dot_code(*tensors):
     """Half-precision matmul operands when any input is half precision; float32 otherwise. Under the interpreter
     bfloat16 is not trusted, so its tiles stay in float32 there."""
     dts = {t.dtype for t in tensors}
+    if EMULATE_BF16 and torch.float64 not in dts:  # float32 inputs too: outputs kept unrounded for the study
+        return DOT_BF16_EMULATED
     if torch.bfloat16 in dts:
-        return DOT_F32 if INTERPRET else DOT_BF16
+        return (DOT_BF16_EMULATED if EMULATE_BF16 else DOT_F32) if INTERPRET else DOT_BF16
     if torch.float16 in dts:
         return DOT_F16
     return DOT_F32
+
+
+@triton.jit
+def round_bf16(x):
+    """float32 x rounded to the nearest bfloat16 (ties to even), kept in float32: bit arithmetic, which the
+    interpreter does exactly (its bfloat16 arithmetic is not)."""
+    bits = x.to(tl.uint32, bitcast=True)
+    bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
+    return bits.to(tl.float32, bitcast=True)
 
 
 @triton.jit
@@ -88,7 +102,7 @@ def cast_dot(x, DOT: tl.constexpr):
 def operand(x, DOT: tl.constexpr):
     """A loaded tile as a matmul operand: kept in its own (half) precision when the dot takes half precision,
     float32 otherwise (no float32 round trip for tiles that go straight into a dot)."""
-    if DOT == 0:
+    if DOT == 0 or DOT == 3:
         return x.to(tl.float32)
     else:
         return x
@@ -99,6 +113,8 @@ def mm(a, b, DOT: tl.constexpr):
     """a @ b with float32 accumulation; float32 operands in full precision (no tf32)."""
     if DOT == 0:
         return tl.dot(a, b, input_precision="ieee")
+    elif DOT == 3:
+        return tl.dot(round_bf16(a.to(tl.float32)), round_bf16(b.to(tl.float32)), input_precision="ieee")
     else:
         return tl.dot(cast_dot(a, DOT), cast_dot(b, DOT))
 
