@@ -55,3 +55,10 @@ def test_ones_against_reference(decay, gate, varlen):
         (["du"] if u is not None else [])
     for name, a, b in zip(names, got, want):
         assert rel(a, b) <= 1e-4, (name, rel(a, b), seed)
+
+
+def test_ones_initial_state_needs_both_parts():
+    q, v = torch.randn(1, 20, 2, 16), torch.randn(1, 20, 2, 16)
+    with pytest.raises(ValueError, match="n0 of shape"):
+        linear_attention_with_ones(q, q, v, initial_state=(torch.zeros(1, 2, 16, 16), torch.zeros(1, 2, 15)),
+                                   backend="triton")

@@ -15,7 +15,7 @@ import torch
 
 from .api import _pad_to_16, linear_attention
 from .autograd import canonical_left, half_states
-from .backends import runs_triton
+from .backends import chunk_fn, runs_triton
 from .checks import check_linear_attention
 
 
@@ -31,7 +31,7 @@ def _generic(q, k, v, ld, scale, initial_state, output_final_state, kw):
     return o[..., :V], o[..., V], (None if S is None else (S[..., :V], S[..., V]))
 
 
-def _fast(q, k, v, ld, backend, cp_group, key_gate):
+def _fast(q, v, ld, backend, cp_group):
     K, V = q.shape[-1], v.shape[-1]
     return (cp_group is None and runs_triton(backend, q.device) and q.dtype != torch.float64
             and (ld is None or ld.dim() in (1, 3)) and _pad_to_16(K) == 0 and _pad_to_16(V) == 0
@@ -43,12 +43,15 @@ def linear_attention_with_ones(q, k, v, ld=None, *, scale=None, initial_state=No
     """linear_attention(q, k, [v, 1], ld, ...) as (o, den, final (S, n) or None); initial_state (S0, n0) or None.
     Same arguments as ula.linear_attention (left decay only, forward)."""
     kw = dict(cu_seqlens=cu_seqlens, chunk_size=chunk_size, backend=backend, key_gate=key_gate, cp_group=cp_group)
-    if not _fast(q, k, v, ld, backend, cp_group, key_gate):
+    if not _fast(q, v, ld, backend, cp_group):
         return _generic(q, k, v, ld, scale, initial_state, output_final_state, kw)
     S0, n0 = (None, None) if initial_state is None else initial_state
     check_linear_attention(q, k, v, ld, None, scale, S0, cu_seqlens, chunk_size, backend, key_gate)
+    if S0 is not None and (n0 is None or tuple(n0.shape) != tuple(S0.shape[:-1])):
+        raise ValueError(f"linear_attention_with_ones: initial_state needs (S0, n0) with n0 of shape "
+                         f"{tuple(S0.shape[:-1])}, got {None if n0 is None else tuple(n0.shape)}")
     scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
-    C = int(chunk_size) if chunk_size is not None else 128  # the core's choice for decays of one value per step
+    C = int(chunk_size) if chunk_size is not None else chunk_fn(backend, q.device).pick_chunk(ld, None)
     o, den, S, n = _OnesFn.apply(q, k, v, ld, key_gate, S0, n0, scale, cu_seqlens, C)
     return o, den, ((S, n) if output_final_state else None)
 
