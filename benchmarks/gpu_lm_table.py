@@ -21,9 +21,10 @@ import time
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 sys.path.insert(0, ROOT)
 MIXERS = "linear,retnet,gla,mlstm_sig,mlstm_exp,gsa,normalized,softmax"
-TRAIN = ["--d-model", "512", "--layers", "6", "--heads", "4", "--seq-len", "512", "--batch-size", "16",
-         "--steps", "1000000", "--schedule", "constant", "--warmup", "100", "--lr", "1e-3",
-         "--eval-every", "250", "--eval-batches", "16", "--save-every", "1000000"]
+TRAIN = {"--d-model": 512, "--layers": 6, "--heads": 4, "--seq-len": 512, "--batch-size": 16, "--steps": 1000000,
+         "--schedule": "constant", "--warmup": 100, "--lr": 1e-3, "--eval-every": 250, "--eval-batches": 16,
+         "--save-every": 1000000}
+TINY = {"--d-model": 32, "--layers": 1, "--seq-len": 32, "--batch-size": 4, "--warmup": 5}  # --tiny's changes
 
 
 def trained_s(run_dir):
@@ -37,7 +38,8 @@ def launch(mixer, run_dir, minutes, log):
     if done["calls"]:
         cmd += ["--resume", run_dir, "--minutes", f"{minutes:.3f}"]
     else:
-        cmd += ["--mixer", mixer, "--minutes", f"{minutes:.3f}", "--out", run_dir] + TRAIN
+        cmd += ["--mixer", mixer, "--minutes", f"{minutes:.3f}", "--out", run_dir]
+        cmd += [str(x) for flag_value in TRAIN.items() for x in flag_value]
     return subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
 
 
@@ -53,7 +55,7 @@ def main():
     os.makedirs(out, exist_ok=True)
     mixers = a.mixers.split(",")
     if a.tiny:
-        TRAIN[1], TRAIN[3], TRAIN[7], TRAIN[9], TRAIN[15] = "32", "1", "32", "4", "5"
+        TRAIN.update(TINY)
     procs = {}
     for m in mixers:
         run_dir = os.path.join(a.runs, m)

@@ -25,6 +25,17 @@ def run(inputs, backend, dtype, **kw):
 
 
 bad = 0
+
+
+def report(label, got, ref, extra_ok=True):
+    """Relative errors of got against ref (pairwise), printed with label; counts a case over 2e-2 as bad."""
+    global bad
+    errs = [((a.double() - b).norm() / b.norm()).item() for a, b in zip(got, ref)]
+    ok = all(e < 2e-2 for e in errs) and extra_ok
+    bad += not ok
+    print(label, "ok" if ok else "BAD", " ".join(f"{e:.1e}" for e in errs), flush=True)
+
+
 for kind in KINDS:
     for right in (False, True):
         for reverse in (False, True):
@@ -33,10 +44,7 @@ for kind in KINDS:
             inputs[:3] = [x.bfloat16().float() for x in inputs[:3]]
             ref = run(inputs, "torch", torch.float64, reverse=reverse)
             got = run(inputs, "triton", torch.bfloat16, reverse=reverse)
-            errs = [((a.double() - b).norm() / b.norm()).item() for a, b in zip(got, ref)]
-            ok = all(e < 2e-2 for e in errs)
-            bad += not ok
-            print(kind, right, reverse, "ok" if ok else "BAD", " ".join(f"{e:.1e}" for e in errs), flush=True)
+            report(f"{kind} {right} {reverse}", got, ref)
 for kind in ("scalar", "vector"):  # the key gate, applied inside the kernels
     for reverse in (False, True):
         torch.manual_seed(0)
@@ -47,10 +55,7 @@ for kind in ("scalar", "vector"):  # the key gate, applied inside the kernels
         g_ref = u.grad.clone()
         u.grad = None
         got = run(inputs, "triton", torch.bfloat16, reverse=reverse, key_gate=u)
-        errs = [((a.double() - b).norm() / b.norm()).item() for a, b in zip(got + [u.grad], ref + [g_ref])]
-        ok = all(e < 2e-2 for e in errs)
-        bad += not ok
-        print(kind, "key_gate", reverse, "ok" if ok else "BAD", " ".join(f"{e:.1e}" for e in errs), flush=True)
+        report(f"{kind} key_gate {reverse}", got + [u.grad], ref + [g_ref])
 # the column of ones held apart (ula/core/ones.py: mLSTMexp, normalized attention), bf16 Triton against float64
 from ula.core.ones import linear_attention_with_ones  # noqa: E402
 for kind in ("none", "constant", "scalar"):
@@ -73,10 +78,7 @@ for kind in ("none", "constant", "scalar"):
                                                for t in init), backend=backend, key_gate=leaves[3])
         ((o.double() * ws[0]).sum() + (den.double() * ws[1]).sum()).backward()
         outs.append([o, den] + [x.grad for x in leaves])
-    errs = [((a.double() - b).norm() / b.norm()).item() for a, b in zip(outs[1], outs[0])]
-    ok = all(e < 2e-2 for e in errs)
-    bad += not ok
-    print("ones", kind, "ok" if ok else "BAD", " ".join(f"{e:.1e}" for e in errs), flush=True)
+    report(f"ones {kind}", outs[1], outs[0])
 # the families on it: mLSTMexp (with an initial state) and normalized attention, bf16 Triton against float64
 for fam in ("mlstm_exp", "normalized"):
     torch.manual_seed(0)
@@ -98,10 +100,7 @@ for fam in ("mlstm_exp", "normalized"):
             gs = []
         (h.double() * w).sum().backward()
         outs.append([h] + [x.grad for x in xs + gs])
-    errs = [((a.double() - b).norm() / b.norm()).item() for a, b in zip(outs[1], outs[0])]
-    ok = all(e < 2e-2 for e in errs)
-    bad += not ok
-    print(fam, "ok" if ok else "BAD", " ".join(f"{e:.1e}" for e in errs), flush=True)
+    report(fam, outs[1], outs[0])
 # the fused decoding step (ula.ops._common._step on CUDA without gradients) against its PyTorch form in float64
 from ula.ops._common import _step  # noqa: E402
 for ld_shape in (None, (3,), (2, 3), (2, 3, 64)):
@@ -114,8 +113,5 @@ for ld_shape in (None, (3,), (2, 3), (2, 3, 64)):
         o, S = _step(q, k, v, ld, None, S0, 0.5)
         o_ref, S_ref = _step(q.double(), k.double(), v.double(), None if ld is None else ld.double(), None,
                              S0.double(), 0.5)
-    errs = [((a.double() - b).norm() / b.norm()).item() for a, b in ((o, o_ref), (S, S_ref))]
-    ok = all(e < 2e-2 for e in errs) and S.dtype == torch.float32
-    bad += not ok
-    print("step", ld_shape, "ok" if ok else "BAD", " ".join(f"{e:.1e}" for e in errs), flush=True)
+    report(f"step {ld_shape}", [o, S], [o_ref, S_ref], extra_ok=S.dtype == torch.float32)
 print("smoke:", "all ok" if not bad else f"{bad} BAD")

@@ -19,13 +19,15 @@ from .backends import chunk_fn, runs_triton
 from .checks import check_linear_attention
 
 
-def _ones_col(v):
+def with_ones_column(v):
+    """[v, 1] along the last dim: the column made explicit (the generic path here, the families' one-step forms,
+    where it is also normalized attention's constant key feature)."""
     return torch.cat([v, torch.ones_like(v[..., :1])], -1)
 
 
 def _generic(q, k, v, ld, scale, initial_state, output_final_state, kw):
     S0 = None if initial_state is None else torch.cat([initial_state[0], initial_state[1].unsqueeze(-1)], -1)
-    o, S = linear_attention(q, k, _ones_col(v), ld, scale=scale, initial_state=S0,
+    o, S = linear_attention(q, k, with_ones_column(v), ld, scale=scale, initial_state=S0,
                             output_final_state=output_final_state, **kw)
     V = v.shape[-1]
     return o[..., :V], o[..., V], (None if S is None else (S[..., :V], S[..., V]))
@@ -73,9 +75,7 @@ class _OnesFn(torch.autograd.Function):
         b = chunk_cumsum(gl, layout, False) if gl is not None else None
         uc = u.contiguous() if u is not None else None
         h0 = S0.to(f32).contiguous() if S0 is not None else None
-        nz = None
-        if h0 is not None:
-            nz = n0.to(f32).contiguous() if n0 is not None else h0.new_zeros(h0.shape[:-1])
+        nz = n0.to(f32).contiguous() if n0 is not None else None
         border, S, _, (nb, n) = chunk_states(k, v, b, None, h0, layout, False, dot, half_states(q) or f32, gate=uc,
                                              ones=True, n0=nz)
         o, den = chunk_output(q, k, v, b, None, border, h0, scale, layout, False, dot, v.dtype, gate=uc,
@@ -93,6 +93,4 @@ class _OnesFn(torch.autograd.Function):
         need_ld = ld is not None and ctx.needs_input_grad[3]
         dq, dk, dv, dld, dS0, du, dn0 = fused_backward(q, k, v, ld, S0, do, dS, scale, cu_seqlens, False, C, need_ld,
                                                        u, ones=(dden, n0, dn))
-        if dn0 is not None and n0 is not None:
-            dn0 = dn0.to(n0.dtype)
-        return dq, dk, dv, dld, du, dS0, (dn0 if n0 is not None else None), None, None, None
+        return dq, dk, dv, dld, du, dS0, (None if dn0 is None else dn0.to(n0.dtype)), None, None, None

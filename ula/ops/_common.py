@@ -1,5 +1,5 @@
 """Helpers shared by the families: the one-token recurrent step (one fused kernel on CUDA), gate dtypes, packed
-<-> padded layout, the normalizer's column of ones."""
+<-> padded layout."""
 import contextlib
 
 import torch
@@ -117,11 +117,3 @@ class PackedLayout:
         if self.cu is None:
             return x[:, -1]
         return x[torch.arange(self.N, device=x.device), self.lens - 1]
-
-
-def with_ones_column(v):
-    """[v, 1] along the last dim: a normalizer carried as one more value column in the one-step forms of mLSTMexp
-    and normalized attention (the key's constant feature of the latter too). Their chunk paths keep the column
-    implicit (ula/core/ones.py)."""
-    return torch.cat([v, torch.ones_like(v[..., :1])], -1)
-

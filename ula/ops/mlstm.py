@@ -41,10 +41,10 @@ import torch
 import torch.nn.functional as F
 
 from ..core import linear_attention
-from ..core.ones import linear_attention_with_ones
+from ..core.ones import linear_attention_with_ones, with_ones_column
 from ..core.time_scan import scan_time
 from ._checks import check_float, check_sequence, check_state_tuple, check_step_qkv, num_sequences
-from ._common import PackedLayout, _step, decay_dtype, state_dtype, with_ones_column
+from ._common import PackedLayout, _step, decay_dtype, state_dtype
 
 VARIANTS = ("exp", "sig")
 

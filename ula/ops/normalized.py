@@ -23,10 +23,10 @@ as long as (a − |b|) >= eps."""
 import torch
 import torch.nn.functional as F
 
-from ..core.ones import linear_attention_with_ones
+from ..core.ones import linear_attention_with_ones, with_ones_column
 from ..core.time_scan import scan_time
 from ._checks import check_sequence, check_step_qkv, check_step_state, num_sequences
-from ._common import PackedLayout, _step, decay_dtype, with_ones_column
+from ._common import PackedLayout, _step, decay_dtype
 
 
 def _coef(name, x, like):

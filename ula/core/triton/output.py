@@ -426,14 +426,14 @@ def chunk_output(q, k, v, b, c, border, h0, scale, layout, reverse, dot, out_dty
     if rank_one is not None:
         assert not vec and ones is None
         r1, e, n_border, n0 = rank_one
-        W = 8 if not is_tuned(name) else W  # 4 warps spill ~200 B per thread on sm_90, 8 none (offline compile)
     if ones is not None:
         assert not vec and not reverse and dg is None and du_of is None and not state_transposed
         n_border, n0 = ones
         den = alloc((B, T, H), q.device)
-        # the scores stay live for their row sums: at 4 warps 64-row tiles spill ~460 B per thread on sm_90, none
-        # at 8 (tests/offline_compile.py)
-        W = 8 if not is_tuned(name) else W
+    if (ones is not None or rank_one is not None) and not is_tuned(name):
+        # the scores stay live for their row sums or take the rank-one term: at 4 warps 64-row tiles spill
+        # ~460 / ~200 B per thread on sm_90, none at 8 (tests/offline_compile.py)
+        W = 8
     grid = (layout.n * (C // BT), cdiv(V, BV), B * H)  # axes 1 and 2 stop at 65535
     launch(_output_kernel, grid, q, k, v, b if b is not None else dummy, c if c is not None else dummy,
            gate if gate is not None else dummy, border, h0 if h0 is not None else dummy, o, dg_a,
