@@ -127,8 +127,7 @@ def _border_products(S, partner, X, b_base, bord_off, x_off, ce, eos, kv_off, kc
 
 @triton.jit
 def _state_kernel(k, v, b, c, u, h0, border, final, partner, X, n0, n_border, n_final, e, partner_n, cu, chunk_offset,
-                  T, H, K, V, NC,
-                  NVT, sb_b, sc_b, scale,
+                  T, H, K, V, NC, NVT, sb_b, sc_b, scale,
                   DB: tl.constexpr, C: tl.constexpr, NB: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
                   HAS_B: tl.constexpr, HAS_C: tl.constexpr, HAS_H0: tl.constexpr, REVERSE: tl.constexpr,
                   VARLEN: tl.constexpr, DOT: tl.constexpr, HAS_X: tl.constexpr, GATE: tl.constexpr, ONES: tl.constexpr,
