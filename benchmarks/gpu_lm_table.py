@@ -50,7 +50,12 @@ def main():
     ap.add_argument("--call-minutes", type=float, default=9.0, help="training minutes of each run in this call")
     ap.add_argument("--runs", default="/tmp/lm_table", help="run folders (checkpoints; kept for the next call)")
     ap.add_argument("--tiny", action="store_true", help="CPU smoke: a tiny model for seconds")
+    ap.add_argument("--merge", nargs="+", metavar="JSON",
+                    help="join the rows of earlier lm_table.json files (later files win per mixer), write the "
+                         "table and plot to $OUT (default: the current folder) and exit")
     a = ap.parse_args()
+    if a.merge:
+        return merge(a.merge, os.environ.get("OUT", "."))
     out = os.environ.get("OUT", a.runs)
     os.makedirs(out, exist_ok=True)
     mixers = a.mixers.split(",")
@@ -110,13 +115,49 @@ def write_table(a, mixers, out):
                triton=triton.__version__, minutes=a.minutes, complete=complete, train_args=TRAIN,
                setup="all runs side by side on one GPU, one process each; byte-level pydoc_data.topics corpus",
                rows=rows)
+    render(res, out)
+
+
+def merge(paths, out):
+    """One table from several calls' lm_table.json (e.g. a mixer rerun after a fix), on the same GPU kind."""
+    parts = [json.load(open(p)) for p in paths]
+    if len({(r["device"], r["triton"], r["minutes"], _args_key(r["train_args"])) for r in parts}) > 1:
+        raise SystemExit("--merge: the files differ in device, Triton, minutes or training arguments; "
+                         "merge only runs made alike")
+    by_mixer = {row["mixer"]: (row, p) for p in parts for row in p["rows"]}
+    order = [m for m in MIXERS.split(",") if m in by_mixer] + [m for m in by_mixer if m not in MIXERS.split(",")]
+    res = dict(parts[-1], rows=[by_mixer[m][0] for m in order],
+               complete=all(p["complete"] for p in parts),
+               command="; ".join(f"python3 benchmarks/{p['command']}" for p in parts) + "; then python3 "
+               "benchmarks/gpu_lm_table.py --merge " + " ".join(os.path.basename(p) for p in paths),
+               setup=parts[0]["setup"] + "; rows from separate calls: " + "; ".join(
+                   f"{', '.join(r['mixer'] for r in p['rows'])} "
+                   f"{'side by side' if len(p['rows']) > 1 else 'alone (more steps in its time)'}" for p in parts))
+    render(res, out)
+
+
+def _args_key(args):
+    """The training arguments comparable across the file formats (a flag list in older files, a dict now)."""
+    if isinstance(args, list):
+        args = dict(zip(args[::2], args[1::2]))
+    def num(v):
+        try:
+            return float(v)
+        except ValueError:
+            return v
+    return tuple(sorted((k, num(v)) for k, v in args.items()))
+
+
+def render(res, out):
+    """lm_table.json, .md and .png in out from a result dict."""
     json.dump(res, open(os.path.join(out, "lm_table.json"), "w"), indent=1)
-    lines = [f"Validation bits per byte after {a.minutes:g} training minutes per mixer"
-             f"{'' if complete else ' (PARTIAL: runs still to resume)'}; {res['device']}, Triton {res['triton']}.",
-             f"Command: python3 benchmarks/{res['command']}", "",
+    cmd = res["command"] if res["command"].startswith("python3 ") else f"python3 benchmarks/{res['command']}"
+    lines = [f"Validation bits per byte after {res['minutes']:g} training minutes per mixer"
+             f"{'' if res['complete'] else ' (PARTIAL: runs still to resume)'}; {res['device']}, "
+             f"Triton {res['triton']}.", f"Setup: {res['setup']}.", f"Command: {cmd}", "",
              "| mixer | parameters | steps | training min | final val bpb | best val bpb (step) |",
              "| --- | --- | --- | --- | --- | --- |"]
-    for r in rows:
+    for r in res["rows"]:
         if r.get("missing"):
             lines.append(f"| {r['mixer']} | - | - | - | no result | - |")
         else:
@@ -125,7 +166,7 @@ def write_table(a, mixers, out):
                          f"{r['best_val_bpb']:.3f} ({r['best_at_step']}) |")
     open(os.path.join(out, "lm_table.md"), "w").write("\n".join(lines) + "\n")
     print("\n".join(lines))
-    plot(rows, os.path.join(out, "lm_table.png"))
+    plot(res["rows"], os.path.join(out, "lm_table.png"))
 
 
 def plot(rows, path):

@@ -2,7 +2,8 @@
 bf16 forward and gradients of backend="triton" against backend="torch" in float64 on the same inputs; the fused
 decoding step against its PyTorch form in float64.
 
-    python3 benchmarks/gpu_smoke.py"""
+    python3 benchmarks/gpu_smoke.py [--parts core,gate,ones,families,step]"""
+import argparse
 import sys
 import os
 
@@ -24,6 +25,12 @@ def run(inputs, backend, dtype, **kw):
     return [o] + [x.grad for x in xs if x is not None]
 
 
+PARTS = ("core", "gate", "ones", "families", "step")
+ap = argparse.ArgumentParser(description=__doc__)
+ap.add_argument("--parts", default=",".join(PARTS), help=f"which checks, from {','.join(PARTS)}")
+want = ap.parse_args().parts.split(",")
+if set(want) - set(PARTS):
+    raise SystemExit(f"--parts: unknown {sorted(set(want) - set(PARTS))}; choose from {','.join(PARTS)}")
 bad = 0
 
 
@@ -36,7 +43,7 @@ def report(label, got, ref, extra_ok=True):
     print(label, "ok" if ok else "BAD", " ".join(f"{e:.1e}" for e in errs), flush=True)
 
 
-for kind in KINDS:
+for kind in KINDS if "core" in want else ():
     for right in (False, True):
         for reverse in (False, True):
             torch.manual_seed(0)
@@ -45,7 +52,7 @@ for kind in KINDS:
             ref = run(inputs, "torch", torch.float64, reverse=reverse)
             got = run(inputs, "triton", torch.bfloat16, reverse=reverse)
             report(f"{kind} {right} {reverse}", got, ref)
-for kind in ("scalar", "vector"):  # the key gate, applied inside the kernels
+for kind in ("scalar", "vector") if "gate" in want else ():  # the key gate, applied inside the kernels
     for reverse in (False, True):
         torch.manual_seed(0)
         inputs = [None if x is None else x.cuda() for x in make_inputs(kind, False, 2, 300, 3, 64, 48)]
@@ -58,7 +65,7 @@ for kind in ("scalar", "vector"):  # the key gate, applied inside the kernels
         report(f"{kind} key_gate {reverse}", got + [u.grad], ref + [g_ref])
 # the column of ones held apart (ula/core/ones.py: mLSTMexp, normalized attention), bf16 Triton against float64
 from ula.core.ones import linear_attention_with_ones  # noqa: E402
-for kind in ("none", "constant", "scalar"):
+for kind in ("none", "constant", "scalar") if "ones" in want else ():
     torch.manual_seed(0)
     B, T, H, K, V = 2, 300, 3, 64, 48
     xs = [torch.randn(B, T, H, K, device="cuda"), torch.randn(B, T, H, K, device="cuda") * K ** -0.5,
@@ -80,7 +87,7 @@ for kind in ("none", "constant", "scalar"):
         outs.append([o, den] + [x.grad for x in leaves])
     report(f"ones {kind}", outs[1], outs[0])
 # the families on it: mLSTMexp (with an initial state) and normalized attention, bf16 Triton against float64
-for fam in ("mlstm_exp", "normalized"):
+for fam in ("mlstm_exp", "normalized") if "families" in want else ():
     torch.manual_seed(0)
     B, T, H, K, V = 2, 300, 3, 64, 48
     base = [torch.randn(B, T, H, D, device="cuda").bfloat16().float() for D in (K, K, V)]
@@ -103,7 +110,7 @@ for fam in ("mlstm_exp", "normalized"):
     report(fam, outs[1], outs[0])
 # the fused decoding step (ula.ops._common._step on CUDA without gradients) against its PyTorch form in float64
 from ula.ops._common import _step  # noqa: E402
-for ld_shape in (None, (3,), (2, 3), (2, 3, 64)):
+for ld_shape in (None, (3,), (2, 3), (2, 3, 64)) if "step" in want else ():
     torch.manual_seed(0)
     q, k = (torch.randn(2, 3, 64, device="cuda").bfloat16() for _ in range(2))
     v = torch.randn(2, 3, 48, device="cuda").bfloat16()

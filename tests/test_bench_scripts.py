@@ -1,0 +1,51 @@
+"""The benchmark scripts' offline parts (no GPU): gpu_lm_table.py --merge joins calls' tables."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+SCRIPT = os.path.join(os.path.dirname(__file__), "..", "benchmarks", "gpu_lm_table.py")
+
+
+def _table(mixers, args, device="GPU X", complete=True):
+    rows = [dict(mixer=m, parameters=1e6, steps=10 + i, training_minutes=10.0, final_val_bpb=2.0 + i,
+                 best_val_bpb=1.5 + i, best_at_step=5, val=[[5, 1.0, 1.5 + i]]) for i, m in enumerate(mixers)]
+    return dict(command="gpu_lm_table.py", device=device, triton="3.6.0", minutes=10.0, complete=complete,
+                train_args=args, setup="side by side", rows=rows)
+
+
+def _merge(tmp_path, *tables):
+    paths = []
+    for i, t in enumerate(tables):
+        paths.append(str(tmp_path / f"t{i}.json"))
+        json.dump(t, open(paths[-1], "w"))
+    out = tmp_path / "out"
+    out.mkdir()
+    r = subprocess.run([sys.executable, SCRIPT, "--merge", *paths], env=dict(os.environ, OUT=str(out)),
+                       capture_output=True, text=True)
+    return r, out
+
+
+def test_merge_orders_rows_and_accepts_both_argument_formats(tmp_path):
+    # older files hold the training flags as a list of strings, newer ones as a dict of numbers
+    first = _table(["softmax", "gla"], ["--lr", "1e-3", "--schedule", "constant"])
+    second = _table(["normalized"], {"--lr": 0.001, "--schedule": "constant"})
+    r, out = _merge(tmp_path, first, second)
+    assert r.returncode == 0, r.stderr
+    res = json.load(open(out / "lm_table.json"))
+    assert [row["mixer"] for row in res["rows"]] == ["gla", "normalized", "softmax"]  # the script's mixer order
+    assert res["complete"] and "normalized alone" in res["setup"]
+    md = open(out / "lm_table.md").read()
+    assert "| normalized | 1.0M | 10 | 10.00 | 2.000 | 1.500 (5) |" in md
+    assert (out / "lm_table.png").stat().st_size > 0
+
+
+@pytest.mark.parametrize("change", ["device", "args"])
+def test_merge_refuses_unlike_runs(tmp_path, change):
+    first = _table(["gla"], {"--lr": 0.001})
+    second = _table(["normalized"], {"--lr": 0.002} if change == "args" else {"--lr": 0.001},
+                    device="GPU Y" if change == "device" else "GPU X")
+    r, _ = _merge(tmp_path, first, second)
+    assert r.returncode != 0 and "merge only runs made alike" in r.stderr
