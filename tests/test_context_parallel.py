@@ -42,6 +42,11 @@ def _cases(R):
     cases.append(dict(kind="scalar", right=False, reverse=True, varlen=[0, 61], B=1, T=61, h0=False, final=True))
     cases.append(dict(kind="vector", right=False, reverse=False, varlen=False, B=2, T=61, h0=True, final=True,
                       h0_rank0_only=True))
+    # the Triton kernels (the interpreter on CPU), with the entry term's own kernels (ula/core/triton/entry.py)
+    cases.append(dict(kind="scalar", right=False, reverse=False, varlen=False, B=2, T=61, h0=True, final=True,
+                      backend="triton"))
+    cases.append(dict(kind="vector", right=False, reverse=False, varlen={2: [0, 9, 45, 61], 4: [0, 3, 30, 61]}[R],
+                      B=1, T=61, h0=True, final=True, backend="triton"))
     cases.append(dict(op="gla", varlen=False, B=2, T=61, h0=True, final=True))
     cases.append(dict(op="gla", varlen=[0, 5, 40, 61], B=1, T=61, h0=True, final=True))
     cases.append(dict(op="mlstm_sig", varlen=False, B=2, T=61, h0=True, final=True))
@@ -88,7 +93,8 @@ def _inputs(case, H=2, K=8, V=12):
 
 def _call(case, q, k, v, a, b, s0, cu, group):
     op = case.get("op", "core")
-    kw = dict(initial_state=s0, output_final_state=case["final"], cu_seqlens=cu, chunk_size=16, backend="torch")
+    kw = dict(initial_state=s0, output_final_state=case["final"], cu_seqlens=cu, chunk_size=16,
+              backend=case.get("backend", "torch"))
     if op == "core":
         return ula.linear_attention(q, k, v, a, b, reverse=case["reverse"], cp_group=group, **kw)
     if op == "gla":
@@ -302,3 +308,30 @@ def test_entry_term_gradients(decay, right, reverse):
         return entry_term(q, gl.expand(1, L, H, 1) if decay == "constant" else gl, rd, E, 0.7, reverse)
 
     assert torch.autograd.gradcheck(term, tuple(leaves))
+
+
+@pytest.mark.parametrize("decay", ["none", "constant", "scalar", "vector"])
+def test_entry_term_triton_kernels(decay):
+    """The entry term's kernels (ula/core/triton/entry.py, float32 under the interpreter) against the PyTorch form
+    in float64: o + corr and the gradients of o, q, the left decay and the state; L spans several chunks and
+    ends inside one, K and V are not powers of two (masks) and V spans two blocks."""
+    from ula.core.cp_entry import add_entry_term, entry_term
+    fresh_seed()
+    B, L, H, K, V = 2, 150, 2, 20, 80
+    g = lambda *s: torch.nn.functional.logsigmoid(torch.randn(*s) + 3)  # noqa: E731
+    base = {"none": None, "constant": g(H), "scalar": g(B, L, H, 1), "vector": g(B, L, H, K)}[decay]
+    xs = [torch.randn(B, L, H, V), torch.randn(B, L, H, K), base, torch.randn(B, H, K, V) * 0.3]
+    dout = torch.randn(B, L, H, V)
+    res = []
+    for backend, dt in (("triton", torch.float32), ("torch", torch.float64)):
+        leaves = [None if x is None else x.detach().to(dt).requires_grad_() for x in xs]
+        o, q, gl, E = leaves
+        glc = None if gl is None else (gl.view(1, 1, H, 1).expand(1, L, H, 1) if decay == "constant" else gl)
+        if backend == "triton":
+            out = add_entry_term(o, q, glc, None, E, 0.7, False, "triton")
+        else:
+            out = o + entry_term(q, glc, None, E, 0.7, False)
+        (out * dout.to(dt)).sum().backward()
+        res.append([out] + [x.grad for x in leaves if x is not None])
+    for got, want in zip(*res):
+        assert got.dtype == torch.float32 and rel(got.double(), want) < 1e-5

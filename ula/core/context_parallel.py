@@ -24,7 +24,8 @@ ranks through the backward of the collective):
    decays from the slice start (inclusive; exclusive from the end when reverse=True). All exponents are
    <= 0: nothing overflows. This costs one [L, K] × [K, V] matmul per head, against the two full core
    passes (and two backward passes) of "zero-start pass for the state, then a real pass from S_in"
-   (ula/core/cp_entry.py: its own backward, nothing of the slice's size kept in float32).
+   (ula/core/cp_entry.py: its own backward, nothing of the slice's size kept in float32; on the Triton backend
+   its own kernels, ula/core/triton/entry.py, which write nothing of the slice's size but the results).
 
 All-gather or a ring of send/recv: benchmarks/cp_collectives_cpu.py measures both communication patterns
 on CPU gloo (output beside it). There the ring is faster (e.g. 1 MiB state, 4 ranks: ~8 ms against ~23 ms
@@ -68,7 +69,7 @@ import torch.distributed as dist
 
 from .api import linear_attention
 from .checks import check_linear_attention
-from .cp_entry import entry_term
+from .cp_entry import add_entry_term
 
 __all__ = ["cp_linear_attention"]
 
@@ -314,9 +315,9 @@ def cp_linear_attention(q, k, v, ld=None, rd=None, *, cp_group, scale=None, init
     # total log decays of the entry piece (the whole slice when the state passes through)
     _, a0, b0 = pieces[me["entry"]]
     gl = _canonical_left(ld, T)
-    L0 = (gl[:, a0:b0].to(sdt).sum(1).expand(Bs, H, K) if gl is not None
+    L0 = (gl[:, a0:b0].sum(1, dtype=sdt).expand(Bs, H, K) if gl is not None
           else torch.zeros(Bs, H, K, dtype=sdt, device=q.device))
-    R0 = rd[:, a0:b0].to(sdt).sum(1) if rd is not None else torch.zeros(Bs, H, V, dtype=sdt, device=q.device)
+    R0 = rd[:, a0:b0].sum(1, dtype=sdt) if rd is not None else torch.zeros(Bs, H, V, dtype=sdt, device=q.device)
 
     # 2. one all-gather of (state rows, L0, R0): all piece states when the final states are wanted, else the exit one
     ofs = bool(output_final_state)
@@ -350,9 +351,9 @@ def cp_linear_attention(q, k, v, ld=None, rd=None, *, cp_group, scale=None, init
     # 4. the correction of this rank's entry piece by the state that enters it
     Ein = E_in[rank]
     if Ein is not None:
-        corr = entry_term(q[:, a0:b0], gl[:, a0:b0] if gl is not None else None,
-                          rd[:, a0:b0] if rd is not None else None, Ein, scale, reverse)
-        o = torch.cat([o[:, :a0], o[:, a0:b0] + corr.to(o.dtype), o[:, b0:]], 1)
+        piece = add_entry_term(o[:, a0:b0], q[:, a0:b0], gl[:, a0:b0] if gl is not None else None,
+                               rd[:, a0:b0] if rd is not None else None, Ein, scale, reverse, backend)
+        o = piece if (a0, b0) == (0, T) else torch.cat([o[:, :a0], piece, o[:, b0:]], 1)
     if needs_grad:
         o = tie(o, G)
 

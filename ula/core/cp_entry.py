@@ -13,6 +13,7 @@ plain expression kept float32 copies of the whole slice from the forward to the 
 float16: a state can exceed its range)."""
 import torch
 
+from .backends import runs_triton
 from .time_scan import scan_time
 
 
@@ -88,3 +89,35 @@ def entry_term(q, gl, rd, E, scale, reverse):
     """corr [B, L, H, V] (bfloat16 for bfloat16 q, else float32 / float64) for q [B, L, H, K], left log decays gl
     broadcastable to [B, L, H, K] (or None), right ones rd [B, L, H, V] (or None), E [B, H, K, V]."""
     return _EntryTerm.apply(q, gl, rd, E, float(scale), bool(reverse))
+
+
+class _EntryTermTriton(torch.autograd.Function):
+    """o + corr through the kernels of ula/core/triton/entry.py (left decays, forward direction)."""
+
+    @staticmethod
+    def forward(ctx, o, q, gl, E, scale):
+        from .triton.entry import chunk_carry, entry_forward
+        carry = None if gl is None else chunk_carry(gl, q.shape[1])
+        E = E.contiguous()
+        ctx.save_for_backward(q, gl, E, carry)
+        ctx.scale = scale
+        return entry_forward(q, gl, E, o, scale, carry)
+
+    @staticmethod
+    def backward(ctx, dout):
+        from .triton.entry import entry_backward
+        q, gl, E, carry = ctx.saved_tensors
+        if dout.stride(-1) != 1:
+            dout = dout.contiguous()
+        need = ctx.needs_input_grad
+        dq, dg, dE = entry_backward(q, gl, E, dout, ctx.scale, carry, need[1], need[2], need[3])
+        dg = None if dg is None else dg.sum_to_size(gl.shape).to(gl.dtype)
+        return dout, dq, dg, None if dE is None else dE.to(E.dtype), None
+
+
+def add_entry_term(o, q, gl, rd, E, scale, reverse, backend):
+    """o + corr (o [B, L, H, V], the slice's entry piece): the Triton kernels where the core runs them (left
+    decays, forward direction; float64 stays in PyTorch), the PyTorch form above otherwise."""
+    if rd is None and not reverse and q.dtype != torch.float64 and runs_triton(backend, q.device):
+        return _EntryTermTriton.apply(o, q, gl, E, float(scale))
+    return o + entry_term(q, gl, rd, E, scale, reverse).to(o.dtype)
