@@ -19,10 +19,15 @@ The denominator. With qk_l2_norm=True, |q_i·k_n| <= 1, so for a > |b| every ter
 and the denominator is >= (a − |b|)·i (plus what an initial state adds). Other combinations can reach
 zero; there the denominator's magnitude is clamped to at least `eps`, keeping its sign (a zero counts
 as positive). The clamp changes nothing when a > |b| with L2 norm (and no initial state cancelling it),
-as long as (a − |b|) >= eps."""
+as long as (a − |b|) >= eps.
+
+On the Triton backend the L2 norm and everything after the core call (the a part, the division, the final state's
+last row) run as fused autograd Functions on Triton kernels (ula/ops/_l2norm.py, ula/ops/_normalized_epilogue.py);
+`_epilogue_torch` is the same epilogue in PyTorch (backend="torch", float64, and the fused one's reference)."""
 import torch
 import torch.nn.functional as F
 
+from ..core.backends import runs_triton
 from ..core.ones import linear_attention_with_ones, with_ones_column
 from ..core.time_scan import scan_time
 from ._checks import check_sequence, check_step_qkv, check_step_state, num_sequences
@@ -49,10 +54,14 @@ def _coef(name, x, like):
     return x.unsqueeze(-1)
 
 
-def _parts(q, k, a, b, qk_l2_norm):
-    """(b q, k, a) after the optional L2 normalization; a, b floats or broadcastable to [..., H, 1]."""
+def _parts(q, k, a, b, qk_l2_norm, fused=False):
+    """(b q, k, a) after the optional L2 normalization; a, b floats or broadcastable to [..., H, 1].
+    fused: the norm on Triton kernels (ula/ops/_l2norm.py)."""
     a, b = _coef("a", a, q), _coef("b", b, q)
-    if qk_l2_norm:  # back to the inputs' dtype: CUDA autocast runs the norm in float32 and returns float32
+    if qk_l2_norm and fused:
+        from ._l2norm import l2_normalize
+        q, k = l2_normalize(q, k)
+    elif qk_l2_norm:  # back to the inputs' dtype: CUDA autocast runs the norm in float32 and returns float32
         q, k = F.normalize(q, dim=-1).to(q.dtype), F.normalize(k, dim=-1).to(k.dtype)
     return (q if isinstance(b, float) and b == 1.0 else b * q), k, a
 
@@ -72,6 +81,31 @@ def _divide(num, den, eps):
     return num / den
 
 
+def _epilogue_torch(o, den, v, a, z0, c0, eps, cu_seqlens, final):
+    """The epilogue in PyTorch (backend="torch", float64 inputs; the reference of ._normalized_epilogue, which
+    has the same contract): per sequence, Z_t = z0 + Σ_{n<=t} v_n, C_t = c0 + count of steps,
+    out = (o + a Z) / clamp_sign(den + a C, eps) in v's dtype, and (Z, C) at each sequence's last step when
+    `final`. a: a float or a tensor broadcastable to [H, 1]; z0 [N, H, V], c0 [N, H] or None."""
+    dd = torch.float64 if torch.float64 in (o.dtype, v.dtype) else torch.float32
+    lay = PackedLayout(cu_seqlens, v.shape[1], v.device)
+    a_part = not (isinstance(a, float) and a == 0.0)  # a = 0: the sums only for the final state
+    if a_part or final:
+        zv = scan_time(lay.pad(v.to(dd)), lambda y: y.cumsum(-1))  # [N, L, H, V]
+        zc = torch.arange(1, zv.shape[1] + 1, device=v.device, dtype=dd).view(1, -1, 1).expand(zv.shape[:3])
+        if z0 is not None:
+            zv = zv + z0.to(dd).unsqueeze(1)
+        if c0 is not None:
+            zc = zc + c0.to(dd).unsqueeze(1)
+    num = o.to(dd)
+    den = den.to(dd)
+    if a_part:
+        a = a if isinstance(a, float) else a.to(dd)
+        num = num + a * lay.unpad(zv)
+        den = den + (a if isinstance(a, float) else a.squeeze(-1)) * lay.unpad(zc)
+    out = _divide(num, den.unsqueeze(-1), eps).to(v.dtype)
+    return out, ((lay.last_of(zv), lay.last_of(zc)) if final else None)
+
+
 def normalized_linear_attention(q, k, v, a=1.0, b=1.0, *, qk_l2_norm=True, eps=1e-6, initial_state=None,
                                 output_final_state=False, cu_seqlens=None, chunk_size=None, backend="auto"):
     """Causal linear attention with kernel a + b x and normalization (paper 001, Eq. 4 and 22).
@@ -84,7 +118,9 @@ def normalized_linear_attention(q, k, v, a=1.0, b=1.0, *, qk_l2_norm=True, eps=1
         N, _, H, K = (num_sequences(q, cu_seqlens),) + tuple(q.shape[1:])
         check_step_state("normalized_linear_attention", initial_state, (N, H, K + 1, v.shape[-1] + 1),
                          "[B, H, K + 1, V + 1] ([N, ...] with cu_seqlens)", name="initial_state")
-    qb, k, a = _parts(q, k, a, b, qk_l2_norm)
+    # the Triton backend (not float64, not under torch.compile): the L2 norm and the epilogue as fused kernels
+    fused = decay_dtype(q) == torch.float32 and runs_triton(backend, q.device) and not torch.compiler.is_compiling()
+    qb, k, a = _parts(q, k, a, b, qk_l2_norm, fused)
     K, V = k.shape[-1], v.shape[-1]
     S0 = initial_state
     init = None if S0 is None else (S0[:, :, :K, :V].contiguous(), S0[:, :, :K, V].contiguous())
@@ -93,27 +129,16 @@ def normalized_linear_attention(q, k, v, a=1.0, b=1.0, *, qk_l2_norm=True, eps=1
                                              output_final_state=output_final_state, cu_seqlens=cu_seqlens,
                                              chunk_size=chunk_size, backend=backend)
     # the a part: a · (z0 + Σ_{n<=i} [v_n, 1]) per sequence (the count of steps for the column of ones), z0 the
-    # last row of the initial state
-    dd = decay_dtype(q)
-    lay = PackedLayout(cu_seqlens, q.shape[1], q.device)
-    a_part = not (isinstance(a, float) and a == 0.0)  # a = 0: the sums only for the final state
-    if a_part or fin is not None:
-        zv = scan_time(lay.pad(v.to(dd)), lambda y: y.cumsum(-1))  # [N, L, H, V]
-        zc = torch.arange(1, zv.shape[1] + 1, device=q.device, dtype=dd).view(1, -1, 1).expand(zv.shape[:3])
-        if S0 is not None:
-            zv = zv + S0[:, :, K, :V].to(dd).unsqueeze(1)
-            zc = zc + S0[:, :, K, V].to(dd).unsqueeze(1)
-    num = o.to(dd)
-    den = den.to(dd)
-    if a_part:
-        a = a if isinstance(a, float) else a.to(dd)
-        num = num + a * lay.unpad(zv)
-        den = den + (a if isinstance(a, float) else a.squeeze(-1)) * lay.unpad(zc)
-    out = _divide(num, den.unsqueeze(-1), eps).to(v.dtype)
+    # last row of the initial state; then the division
+    z0, c0 = (None, None) if S0 is None else (S0[:, :, K, :V], S0[:, :, K, V])
+    epilogue = _epilogue_torch
+    if fused:
+        from ._normalized_epilogue import normalized_epilogue as epilogue  # one fused Function (Triton kernels)
+    out, last = epilogue(o, den, v, a, z0, c0, eps, cu_seqlens, fin is not None)
     S = None
     if fin is not None:
         top = torch.cat([fin[0], fin[1].unsqueeze(-1)], -1)  # [N, H, K, V + 1]
-        bottom = torch.cat([lay.last_of(zv), lay.last_of(zc).unsqueeze(-1)], -1).to(top.dtype)  # [N, H, V + 1]
+        bottom = torch.cat([last[0], last[1].unsqueeze(-1)], -1).to(top.dtype)  # [N, H, V + 1]
         S = torch.cat([top, bottom.unsqueeze(2)], 2)
     return out, S
 

@@ -17,7 +17,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .utils import alloc, block, cdiv, is_tuned, launch, mm, operand, tuned, warps_for
+from .utils import alloc, block, cdiv, chunk_bounds, is_tuned, launch, mm, operand, tuned, warps_for
 
 
 @triton.jit
@@ -220,17 +220,7 @@ def _output_kernel(q, k, v, b, c, u, border, h0, o, dg_a, dg_out, du_out, n_bord
     i_b, i_h = i_bh // H, i_bh % H
     i_c = i_r // NRB
     sub = i_r % NRB
-    if VARLEN:
-        seq = tl.load(chunk_seq + i_c)
-        cs = tl.load(chunk_start + i_c)
-        bos = tl.load(cu + seq)
-        eos = tl.load(cu + seq + 1)
-    else:
-        seq = i_b
-        cs = i_c * C
-        bos = 0
-        eos = T
-    ce = tl.minimum(cs + C, eos)
+    seq, cs, bos, ce = chunk_bounds(i_c, i_b, cu, chunk_seq, chunk_start, T, C, VARLEN)
     rs = cs + sub * BT
     if rs < ce:
         rows = rs + tl.arange(0, BT)

@@ -80,6 +80,23 @@ def dot_code(*tensors):
 
 
 @triton.jit
+def chunk_bounds(i_c, i_b, cu, chunk_seq, chunk_start, T, C: tl.constexpr, VARLEN: tl.constexpr):
+    """(sequence, first step, first step of its sequence, end) of chunk i_c of batch row i_b, from the core's
+    chunk layout (ula/core/triton/chunk.py: with varlen, chunk_seq / chunk_start over the packed sequences)."""
+    if VARLEN:
+        seq = tl.load(chunk_seq + i_c)
+        cs = tl.load(chunk_start + i_c)
+        bos = tl.load(cu + seq)
+        eos = tl.load(cu + seq + 1)
+    else:
+        seq = i_b
+        cs = i_c * C
+        bos = 0
+        eos = T
+    return seq, cs, bos, tl.minimum(cs + C, eos)
+
+
+@triton.jit
 def round_bf16(x):
     """float32 x rounded to the nearest bfloat16 (ties to even), kept in float32: bit arithmetic, which the
     interpreter does exactly (its bfloat16 arithmetic is not)."""

@@ -1,0 +1,124 @@
+"""The fused epilogue of normalized linear attention (ula/ops/_normalized_epilogue.py, Triton kernels) against its
+PyTorch form in float64 (ula/ops/normalized.py: _epilogue_torch): output, last Z and C, and the gradients of o,
+den, v, a, z0, c0 (through the output and the final Z, C); T not a multiple of the chunk, varlen, the clamp.
+Also the fused L2 norm of q and k (ula/ops/_l2norm.py) against F.normalize."""
+import pytest
+import torch
+
+pytest.importorskip("triton")
+
+import ula  # noqa: E402
+import ula.ops._normalized_epilogue as epi  # noqa: E402
+from ula.ops.normalized import _epilogue_torch  # noqa: E402
+from helpers import fresh_seed, rel  # noqa: E402
+from test_ops_refs import check, compare, per_sequence, ref_normalized  # noqa: E402
+
+H = 2
+
+
+def _coef(kind):
+    return {"float": 0.7, "zero": 0.0, "head": torch.randn(H, 1), "scalar": torch.randn(()).view(1)}[kind]
+
+
+def _inputs(B, T, V, N, a, h0, den_scale=1.0):
+    d = dict(o=torch.randn(B, T, H, V), den=torch.randn(B, T, H) * den_scale, v=torch.randn(B, T, H, V), a=a)
+    if h0:
+        d.update(z0=torch.randn(N, H, V), c0=torch.randn(N, H))
+    return d
+
+
+def _run(inp, cu=None, chunk=16, final=True, eps=1e-6):
+    def fused(**x):
+        return epi.normalized_epilogue(**{"z0": None, "c0": None, **x}, eps=eps, cu_seqlens=cu, final=final,
+                                       chunk_size=chunk)
+
+    def ref(**x):
+        return _epilogue_torch(**{"z0": None, "c0": None, **x}, eps=eps, cu_seqlens=cu, final=final)
+
+    return compare(fused, ref, inp)
+
+
+@pytest.mark.parametrize("T, V, chunk, a, h0", [(37, 16, 16, "float", False), (37, 48, 16, "head", True),
+                                                (300, 128, 64, "scalar", True), (45, 16, 16, "zero", True)])
+def test_fused_epilogue(T, V, chunk, a, h0, one_thread):
+    seed = fresh_seed()
+    check(_run(_inputs(2, T, V, 2, _coef(a), h0), chunk=chunk), seed)
+
+
+def test_fused_epilogue_varlen(one_thread, monkeypatch):
+    """Sequences of 17, 1 and 40 steps (a sequence of one step, chunks that end at sequence ends); the scan over
+    a sequence's chunks in blocks of 2 chunks (several blocks, the last one partial)."""
+    seed = fresh_seed()
+    monkeypatch.setattr(epi, "_SCAN_BLOCK", 2)
+    cu = torch.tensor([0, 17, 18, 58])
+    check(_run(_inputs(1, 58, 6, 3, _coef("head"), True), cu=cu, chunk=8), seed)
+
+
+def test_fused_epilogue_clamp(one_thread):
+    """Denominators near 0 of both signs: the clamp keeps the sign (0 counts as positive) and passes no
+    gradient where it acts."""
+    seed = fresh_seed()
+    inp = _inputs(2, 37, 16, 2, torch.rand(H, 1) * 1e-3, True)
+    inp["den"] = torch.rand(2, 37, H) * 0.4 - 0.2
+    inp["den"][0, :5] = 0.0
+    inp["c0"] = inp["c0"].abs()
+    den_ = inp["den"] + inp["a"].view(H) * (inp["c0"].view(2, 1, H) + torch.arange(1, 38).view(1, -1, 1))
+    assert (den_.abs() < 0.1).float().mean() > 0.3 and (den_ < -0.1).any()
+    check(_run(inp, eps=0.1), seed)
+
+
+def test_fused_epilogue_without_final(one_thread):
+    """No final state: a = 0 (the number) skips v altogether (no gradient reaches v); a tensor a still
+    works with Z_T unused."""
+    seed = fresh_seed()
+    inp = _inputs(2, 37, 16, 2, 0.0, False)
+    v = inp.pop("v")
+    kw = dict(z0=None, c0=None, eps=1e-6, cu_seqlens=None, final=False)
+    errs = compare(lambda **x: epi.normalized_epilogue(**x, v=v, **kw),
+                   lambda **x: _epilogue_torch(**x, v=v.double(), **kw), inp)
+    check(errs, seed)
+    check(_run(_inputs(2, 37, 16, 2, _coef("head"), True), final=False), seed)
+
+
+def test_normalized_triton_varlen(one_thread, monkeypatch):
+    """End to end on the Triton path with cu_seqlens, learnable a and b, an initial state; epilogue chunks of 16."""
+    seed = fresh_seed()
+    monkeypatch.setattr(epi, "CHUNK", 16)
+    K, V = 8, 6
+    cu = torch.tensor([0, 17, 18, 47])
+    a, b = torch.rand(H) + 1.2, torch.rand(H)
+    inp = dict(q=torch.randn(1, 47, H, K), k=torch.randn(1, 47, H, K), v=torch.randn(1, 47, H, V), a=a, b=b,
+               h0=_state(3, K, V))
+    errs = compare(lambda h0, **x: ula.normalized_linear_attention(**x, initial_state=h0, output_final_state=True,
+                                                                   cu_seqlens=cu, chunk_size=16, backend="triton"),
+                   lambda h0, a, b, **x: per_sequence(ref_normalized, cu, x, dict(a=a, b=b), h0), inp)
+    check(errs, seed)
+
+
+def _state(N, K, V):
+    """A state that a prefix could have left: Σ [k; 1][v; 1]ᵀ over 6 random tokens (L2-normalized keys)."""
+    k = torch.nn.functional.normalize(torch.randn(N, 6, H, K), dim=-1)
+    v = torch.randn(N, 6, H, V)
+    ka = torch.cat([k, torch.ones_like(k[..., :1])], -1)
+    va = torch.cat([v, torch.ones_like(v[..., :1])], -1)
+    return torch.einsum("nthk,nthv->nhkv", ka, va)
+
+
+def test_fused_l2_norm(one_thread):
+    """Forward and backward against F.normalize in float64: D not a power of two, a zero row and a row under eps
+    (where F.normalize's gradient drops the norm's term), rows not a multiple of the kernel's block."""
+    import torch.nn.functional as F
+    from ula.ops._l2norm import l2_normalize
+    seed = fresh_seed()
+    q, k = torch.randn(2, 37, H, 24), torch.randn(2, 37, H, 24) * 3
+    q[0, 3, 1] = 0.0
+    k[1, 5, 0] = 1e-14
+    gq, gk = torch.randn_like(q, dtype=torch.float64), torch.randn_like(k, dtype=torch.float64)
+    errs = {}
+    for name, fn, dt in (("fused", l2_normalize, torch.float32),
+                         ("ref", lambda q, k: (F.normalize(q, dim=-1), F.normalize(k, dim=-1)), torch.float64)):
+        x = [t.detach().to(dt).clone().requires_grad_() for t in (q, k)]
+        yq, yk = fn(*x)
+        ((yq.double() * gq).sum() + (yk.double() * gk).sum()).backward()
+        errs[name] = (yq, yk, x[0].grad, x[1].grad)
+    check({n: rel(a, b) for n, a, b in zip(("q", "k", "dq", "dk"), errs["fused"], errs["ref"])}, seed)

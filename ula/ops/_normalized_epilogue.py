@@ -1,0 +1,333 @@
+"""The epilogue of normalized linear attention on the Triton backend: one autograd Function, Triton kernels.
+
+Per sequence (batch row, or each sequence of cu_seqlens), step t at position p = 0, 1, ... of its sequence:
+
+    Z_t = z0 + Σ_{n<=t} v_n          C_t = c0 + p + 1
+    den'_t = den_t + a C_t           d_t = clamp_sign(den'_t, eps)      (|d| >= eps, the sign kept, 0 positive)
+    out_t = (o_t + a Z_t) / d_t      and the last Z, C of each sequence (the final state's last row)
+
+Backward, from g_t = ∂L/∂out_t and ∂L/∂Z_T (∂L/∂C_T reaches c0 outside: C_T = c0 + length):
+
+    dnum_t = g_t / d_t               do_t = dnum_t
+    dden_t = -Σ_v dnum_t out_t       (0 where the clamp acts: -eps < den'_t < eps)
+    dv_n = a Σ_{t>=n} dnum_t + ∂L/∂Z_T      dz0 = a Σ_t dnum_t + ∂L/∂Z_T      dc0 = a Σ_t dden_t
+    da = Σ_t Σ_v dnum_t Z_t + Σ_t dden_t C_t
+
+Sums over time run in chunks of CHUNK steps (chunks start at each sequence's first step: the core's chunk layout),
+float32 throughout. Forward: chunk sums of v (1 read of v), an exclusive scan of those over each sequence's chunks
+(tiny: [chunks, H, V]; its total is Z_T), then one kernel per (chunk, head) that adds the in-chunk cumulative sum,
+combines and divides (reads v and o, writes out). Backward: chunk sums of dnum (reads dout), an inclusive reverse
+scan of them (its total is dz0), then one kernel per (chunk, head) that recomputes Z and the output in float32 and
+writes do, dden and dv (reads dout, o, v). The whole V of a head is one tile (rows in blocks), so the sum over V
+of dden needs no second pass."""
+import torch
+import triton
+import triton.language as tl
+
+from ..core.triton.chunk import make_layout
+from ..core.triton.utils import alloc, block, cdiv, chunk_bounds, launch
+
+# Steps per chunk, and (elements of a [rows, V] tile, warps) of the chunk kernels (forward and chunk sums;
+# backward): measured on an H200 at B2 T8192 H16 V128 bf16 (benchmarks/gpu_normalized_epilogue.py --sweep), GPU
+# time of the epilogue's kernels per forward+backward 0.32 ms, against 0.46 at chunks of 128 and 4096-element tiles
+# and up to 0.98 at others.
+CHUNK = 64
+_SCAN_BLOCK = 64  # chunks per step of the scan over a sequence's chunks
+_FWD, _BWD = (8192, 4), (8192, 4)
+
+
+@triton.jit
+def _coef(a, i_h, a_val, A_TENSOR: tl.constexpr):
+    """a of head i_h: read from the [H] float32 tensor, or the number a_val."""
+    if A_TENSOR:
+        return tl.load(a + i_h)
+    else:
+        return a_val
+
+
+@triton.jit
+def _denominator(den, sd_t, rows, m, bos, c0v, av, eps, HAS_A: tl.constexpr):
+    """(den + a C, its clamped form d, where the gradient passes the clamp) for a block of rows."""
+    dn = tl.load(den + rows.to(tl.int64) * sd_t, mask=m, other=1.0).to(tl.float32)
+    if HAS_A:
+        dn = dn + av * (c0v + (rows - bos + 1).to(tl.float32))
+    d = tl.where(dn >= 0, tl.maximum(dn, eps), tl.minimum(dn, -eps))
+    return dn, d, (dn >= eps) | (dn <= -eps)
+
+
+@triton.jit
+def _chunk_sums_kernel(x, den, c0, a, out, cu, chunk_seq, chunk_start, T, H, V, n, a_val, eps,
+                       sx_b, sx_t, sx_h, sx_v, sd_b, sd_t, sd_h,
+                       C: tl.constexpr, BR: tl.constexpr, BV: tl.constexpr, VARLEN: tl.constexpr,
+                       DIVIDE: tl.constexpr, A_TENSOR: tl.constexpr, HAS_C0: tl.constexpr):
+    """out[chunk, h] = Σ over the chunk's steps of x (forward: v), or of x / d (backward: dnum, x = dout)."""
+    i_c, i_h, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    seq, cs, bos, ce = chunk_bounds(i_c, i_b, cu, chunk_seq, chunk_start, T, C, VARLEN)
+    cols = tl.arange(0, BV)
+    mc = cols < V
+    xb = x + i_b.to(tl.int64) * sx_b + i_h * sx_h
+    acc = tl.zeros([BV], dtype=tl.float32)
+    if DIVIDE:
+        av = _coef(a, i_h, a_val, A_TENSOR)
+        c0v = 0.0
+        if HAS_C0:
+            c0v = tl.load(c0 + seq * H + i_h)
+        db = den + i_b.to(tl.int64) * sd_b + i_h * sd_h
+    for r in range(0, C, BR):
+        rows = cs + r + tl.arange(0, BR)
+        m = rows < ce
+        xt = tl.load(xb + rows.to(tl.int64)[:, None] * sx_t + cols[None, :] * sx_v, mask=m[:, None] & mc[None, :],
+                     other=0.0).to(tl.float32)
+        if DIVIDE:
+            _, d, _ = _denominator(db, sd_t, rows, m, bos, c0v, av, eps, True)
+            xt = tl.where(m[:, None], xt / d[:, None], 0.0)
+        acc += tl.sum(xt, 0)
+    tl.store(out + ((i_b * n + i_c).to(tl.int64) * H + i_h) * V + cols, acc, mask=mc)
+
+
+@triton.jit
+def _scan_kernel(x, init, a, carry, total, chunk_offset, H, V, n, a_val,
+                 NB: tl.constexpr, BV: tl.constexpr, VARLEN: tl.constexpr, REVERSE: tl.constexpr,
+                 HAS_INIT: tl.constexpr, A_TENSOR: tl.constexpr, SCALE: tl.constexpr):
+    """Over each sequence's chunks, y = SCALE ? a x : x (x [chunks, H, V]): forward, carry[j] = init + Σ_{i<j} y_i
+    (exclusive); REVERSE, carry[j] = init + Σ_{i>=j} y_i (inclusive). total[seq] = init + Σ y."""
+    i_s, i_h, i_v = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    if VARLEN:
+        f = tl.load(chunk_offset + i_s)
+        m = tl.load(chunk_offset + i_s + 1) - f
+    else:
+        f = i_s * n
+        m = n
+    cols = i_v * BV + tl.arange(0, BV)
+    mc = cols < V
+    if HAS_INIT:
+        acc = tl.load(init + (i_s * H + i_h).to(tl.int64) * V + cols, mask=mc, other=0.0).to(tl.float32)
+    else:
+        acc = tl.zeros([BV], dtype=tl.float32)
+    if SCALE:
+        av = _coef(a, i_h, a_val, A_TENSOR)
+    for j0 in range(0, m, NB):
+        if REVERSE:
+            idx = m - NB - j0 + tl.arange(0, NB)
+            mi = idx >= 0
+        else:
+            idx = j0 + tl.arange(0, NB)
+            mi = idx < m
+        ptr = ((f + idx).to(tl.int64) * H + i_h)[:, None] * V + cols[None, :]
+        mk = mi[:, None] & mc[None, :]
+        y = tl.load(x + ptr, mask=mk, other=0.0)
+        if SCALE:
+            y = y * av
+        if REVERSE:
+            c = tl.cumsum(y, 0, reverse=True) + acc[None, :]
+        else:
+            c = tl.cumsum(y, 0) - y + acc[None, :]
+        tl.store(carry + ptr, c, mask=mk)
+        acc += tl.sum(y, 0)
+    tl.store(total + (i_s * H + i_h).to(tl.int64) * V + cols, acc, mask=mc)
+
+
+@triton.jit
+def _forward_kernel(o, den, v, carry, c0, a, out, cu, chunk_seq, chunk_start, T, H, V, n, a_val, eps,
+                    so_b, so_t, so_h, so_v, sd_b, sd_t, sd_h, sv_b, sv_t, sv_h, sv_v,
+                    C: tl.constexpr, BR: tl.constexpr, BV: tl.constexpr, VARLEN: tl.constexpr,
+                    HAS_A: tl.constexpr, A_TENSOR: tl.constexpr, HAS_C0: tl.constexpr):
+    """out = (o + a Z) / clamp_sign(den + a C) over one chunk of one head, Z from the chunk's carry-in."""
+    i_c, i_h, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    seq, cs, bos, ce = chunk_bounds(i_c, i_b, cu, chunk_seq, chunk_start, T, C, VARLEN)
+    cols = tl.arange(0, BV)
+    mc = cols < V
+    ob = o + i_b.to(tl.int64) * so_b + i_h * so_h
+    db = den + i_b.to(tl.int64) * sd_b + i_h * sd_h
+    vb = v + i_b.to(tl.int64) * sv_b + i_h * sv_h
+    outb = out + (i_b.to(tl.int64) * T * H + i_h) * V
+    g = (i_b * n + i_c).to(tl.int64) * H + i_h
+    av = 0.0
+    c0v = 0.0
+    if HAS_A:
+        av = _coef(a, i_h, a_val, A_TENSOR)
+        if HAS_C0:
+            c0v = tl.load(c0 + seq * H + i_h)
+        z = tl.load(carry + g * V + cols, mask=mc, other=0.0)
+    for r in range(0, C, BR):
+        rows = cs + r + tl.arange(0, BR)
+        m = rows < ce
+        mk = m[:, None] & mc[None, :]
+        r64 = rows.to(tl.int64)[:, None]
+        num = tl.load(ob + r64 * so_t + cols[None, :] * so_v, mask=mk, other=0.0).to(tl.float32)
+        if HAS_A:
+            x = tl.load(vb + r64 * sv_t + cols[None, :] * sv_v, mask=mk, other=0.0).to(tl.float32)
+            num += av * (tl.cumsum(x, 0) + z[None, :])
+            z += tl.sum(x, 0)
+        _, d, _ = _denominator(db, sd_t, rows, m, bos, c0v, av, eps, HAS_A)
+        y = num / d[:, None]
+        tl.store(outb + r64 * (H * V) + cols[None, :], y.to(out.dtype.element_ty), mask=mk)
+
+
+@triton.jit
+def _backward_kernel(o, den, v, dout, carry_f, carry_b, c0, a, do, dden, dv, dden_sum, da_part, cu, chunk_seq,
+                     chunk_start, T, H, V, n, a_val, eps,
+                     so_b, so_t, so_h, so_v, sd_b, sd_t, sd_h, sv_b, sv_t, sv_h, sv_v,
+                     C: tl.constexpr, BR: tl.constexpr, BV: tl.constexpr, VARLEN: tl.constexpr,
+                     HAS_A: tl.constexpr, A_TENSOR: tl.constexpr, HAS_C0: tl.constexpr):
+    """do, dden, dv of one chunk of one head (the module docstring's formulas), Σ dden and the chunk's share of
+    da. carry_f: Z entering the chunk; carry_b: a Σ_{t >= chunk start} dnum_t + ∂L/∂Z_T."""
+    i_c, i_h, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    seq, cs, bos, ce = chunk_bounds(i_c, i_b, cu, chunk_seq, chunk_start, T, C, VARLEN)
+    cols = tl.arange(0, BV)
+    mc = cols < V
+    ob = o + i_b.to(tl.int64) * so_b + i_h * so_h
+    db = den + i_b.to(tl.int64) * sd_b + i_h * sd_h
+    vb = v + i_b.to(tl.int64) * sv_b + i_h * sv_h
+    base = (i_b.to(tl.int64) * T * H + i_h) * V  # dout, do, dv: contiguous [B, T, H, V]
+    g = (i_b * n + i_c).to(tl.int64) * H + i_h
+    av = 0.0
+    c0v = 0.0
+    if HAS_A:
+        av = _coef(a, i_h, a_val, A_TENSOR)
+        if HAS_C0:
+            c0v = tl.load(c0 + seq * H + i_h)
+        z = tl.load(carry_f + g * V + cols, mask=mc, other=0.0)
+        rb = tl.load(carry_b + g * V + cols, mask=mc, other=0.0)
+        pre = tl.zeros([BV], dtype=tl.float32)  # Σ dnum over the chunk's earlier rows
+        da_acc = tl.zeros([BR], dtype=tl.float32)
+    dd_acc = tl.zeros([BR], dtype=tl.float32)
+    for r in range(0, C, BR):
+        rows = cs + r + tl.arange(0, BR)
+        m = rows < ce
+        mk = m[:, None] & mc[None, :]
+        r64 = rows.to(tl.int64)[:, None]
+        gt = tl.load(dout + base + r64 * (H * V) + cols[None, :], mask=mk, other=0.0).to(tl.float32)
+        num = tl.load(ob + r64 * so_t + cols[None, :] * so_v, mask=mk, other=0.0).to(tl.float32)
+        if HAS_A:
+            x = tl.load(vb + r64 * sv_t + cols[None, :] * sv_v, mask=mk, other=0.0).to(tl.float32)
+            zt = tl.cumsum(x, 0) + z[None, :]
+            z += tl.sum(x, 0)
+            num += av * zt
+        dn, d, ok = _denominator(db, sd_t, rows, m, bos, c0v, av, eps, HAS_A)
+        dnum = tl.where(m[:, None], gt / d[:, None], 0.0)
+        ddn = -tl.sum(dnum * (num / d[:, None]), 1)
+        ddn = tl.where(m & ok, ddn, 0.0)
+        tl.store(do + base + r64 * (H * V) + cols[None, :], dnum.to(do.dtype.element_ty), mask=mk)
+        tl.store(dden + (i_b.to(tl.int64) * T + rows) * H + i_h, ddn.to(dden.dtype.element_ty), mask=m)
+        dd_acc += ddn
+        if HAS_A:
+            cum = tl.cumsum(dnum, 0)
+            dvt = rb[None, :] - av * (pre[None, :] + cum - dnum)
+            pre += tl.sum(dnum, 0)
+            tl.store(dv + base + r64 * (H * V) + cols[None, :], dvt.to(dv.dtype.element_ty), mask=mk)
+            da_acc += tl.sum(dnum * zt, 1) + ddn * (c0v + (rows - bos + 1).to(tl.float32))
+    tl.store(dden_sum + g, tl.sum(dd_acc, 0))
+    if HAS_A:
+        tl.store(da_part + g, tl.sum(da_acc, 0))
+
+
+def _tiles(V, C, tile):
+    BV = block(V, 1 << 30)
+    return BV, max(1, min(block(C, 1 << 30, lo=1), tile // BV))
+
+
+class _EpilogueFn(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, o, den, v, a, z0, c0, a_val, eps, cu_seqlens, C, has_a):
+        ctx.set_materialize_grads(False)  # an unused Z_T or out: None, no zero tensor
+        B, T, H, V = v.shape
+        layout = make_layout(B, T, C, cu_seqlens, v.device)
+        n = layout.n
+        BV, BR = _tiles(V, C, _FWD[0])
+        lay = (layout.cu, layout.chunk_seq, layout.chunk_start)
+        a_t = a if a is not None else den  # a stand-in pointer where the kernels read none
+        c0_t = c0 if c0 is not None else den
+        carry = zT = None
+        if has_a:
+            sums = alloc((B * n, H, V), v.device)
+            launch(_chunk_sums_kernel, (n, H, B), v, den, c0_t, a_t, sums, *lay, T, H, V, n, 0.0, eps, *v.stride(),
+                   *den.stride(), C=C, BR=BR, BV=BV, VARLEN=layout.varlen, DIVIDE=False, A_TENSOR=False,
+                   HAS_C0=False, num_warps=_FWD[1])
+            carry, zT = _scan(sums, z0, None, 1.0, layout, H, V, reverse=False, scale=False)
+        out = alloc((B, T, H, V), v.device, v.dtype)
+        launch(_forward_kernel, (n, H, B), o, den, v, carry if has_a else den, c0_t, a_t, out, *lay, T, H, V, n,
+               float(a_val), float(eps), *o.stride(), *den.stride(), *v.stride(), C=C, BR=BR, BV=BV,
+               VARLEN=layout.varlen, HAS_A=has_a, A_TENSOR=a is not None, HAS_C0=c0 is not None,
+               num_warps=_FWD[1])
+        ctx.save_for_backward(o, den, v, a, c0, carry)
+        ctx.cfg = (layout, a_val, eps, C, has_a, z0 is not None)
+        if zT is not None:
+            return out, zT
+        return out
+
+    @staticmethod
+    def backward(ctx, dout, dzT=None):
+        o, den, v, a, c0, carry_f = ctx.saved_tensors
+        layout, a_val, eps, C, has_a, has_z0 = ctx.cfg
+        B, T, H, V = v.shape
+        n = layout.n
+        lay = (layout.cu, layout.chunk_seq, layout.chunk_start)
+        a_t = a if a is not None else den
+        c0_t = c0 if c0 is not None else den
+        dout = torch.zeros_like(v) if dout is None else dout.contiguous()
+        common = dict(C=C, VARLEN=layout.varlen, A_TENSOR=a is not None, HAS_C0=c0 is not None)
+        BV, BR = _tiles(V, C, _FWD[0])
+        carry_b = dz0 = None
+        if has_a:
+            sums = alloc((B * n, H, V), v.device)
+            launch(_chunk_sums_kernel, (n, H, B), dout, den, c0_t, a_t, sums, *lay, T, H, V, n, float(a_val),
+                   float(eps), *dout.stride(), *den.stride(), BR=BR, BV=BV, DIVIDE=True, num_warps=_FWD[1],
+                   **common)
+            carry_b, dz0 = _scan(sums, dzT, a, a_val, layout, H, V, reverse=True, scale=True)
+        BV, BR = _tiles(V, C, _BWD[0])
+        do = alloc(o.shape, v.device, o.dtype)
+        dden = alloc(den.shape, v.device, den.dtype)
+        dv = alloc((B, T, H, V), v.device, v.dtype) if has_a else None
+        dden_sum = alloc((B * n, H), v.device)
+        da_part = alloc((B * n, H), v.device) if has_a else None
+        launch(_backward_kernel, (n, H, B), o, den, v, dout, carry_f if has_a else den,
+               carry_b if has_a else den, c0_t, a_t, do, dden, dv if has_a else den, dden_sum,
+               da_part if has_a else den, *lay, T, H, V, n, float(a_val), float(eps), *o.stride(), *den.stride(),
+               *v.stride(), BR=BR, BV=BV, HAS_A=has_a, num_warps=_BWD[1], **common)
+        da = da_part.sum(0) if a is not None and ctx.needs_input_grad[3] else None
+        dc0 = None
+        if c0 is not None and ctx.needs_input_grad[5] and has_a:  # a Σ dden per sequence (no atomics)
+            dc0 = _scan(dden_sum.view(B * n, H, 1), None, a, a_val, layout, H, 1, reverse=False, scale=True)[1]
+            dc0 = dc0.view(layout.N, H)
+        if not has_z0:
+            dz0 = None
+        return do, dden, dv, da, dz0, dc0, None, None, None, None, None
+
+
+def _scan(x, init, a, a_val, layout, H, V, reverse, scale):
+    """The per-sequence scan of chunk sums x [B*n, H, V] (see _scan_kernel) -> (carry [B*n, H, V], total [N, H, V])."""
+    N = layout.N
+    carry = alloc(x.shape, x.device)
+    total = alloc((N, H, V), x.device)
+    BV = block(V, 64)
+    init_t = init.contiguous() if init is not None else x
+    launch(_scan_kernel, (N, H, cdiv(V, BV)), x, init_t, a if a is not None else x, carry, total,
+           layout.chunk_offset, H, V, layout.n, float(a_val), NB=_SCAN_BLOCK, BV=BV, VARLEN=layout.varlen,
+           REVERSE=reverse, HAS_INIT=init is not None, A_TENSOR=a is not None, SCALE=scale)
+    return carry, total
+
+
+def normalized_epilogue(o, den, v, a, z0, c0, eps, cu_seqlens, final, chunk_size=None):
+    """out = (o + a Z) / clamp_sign(den + a C, eps) in v's dtype, and (Z_T [N, H, V], C_T [N, H]) float32 when
+    `final` (else None); the module docstring has the math. o [B, T, H, V], den [B, T, H] (any strides);
+    a a float or a tensor broadcastable to [H, 1] ([H, 1] or [1]); z0 [N, H, V] and c0 [N, H] or None.
+    Gradients reach o, den, v, a, z0, c0."""
+    B, T, H, V = v.shape
+    has_a = final or not (isinstance(a, float) and a == 0.0)
+    a_h, a_val = (None, float(a)) if not isinstance(a, torch.Tensor) else \
+        (a.to(torch.float32).reshape(-1).expand(H).contiguous(), 0.0)  # [H] (a 0-d a read by every head)
+    z0 = None if z0 is None else z0.to(torch.float32).contiguous()
+    c0 = None if c0 is None else c0.to(torch.float32).contiguous()
+    C = int(chunk_size or CHUNK)
+    res = _EpilogueFn.apply(o, den, v, a_h, z0, c0, a_val, float(eps), cu_seqlens, C, has_a)
+    if not final:
+        return (res[0] if isinstance(res, tuple) else res), None
+    out, zT = res
+    if cu_seqlens is None:
+        lens = torch.full((B, 1), float(T), device=v.device)
+    else:
+        cu = cu_seqlens.to(device=v.device)
+        lens = (cu[1:] - cu[:-1]).to(torch.float32).unsqueeze(-1)
+    cT = lens.expand(-1, H) if c0 is None else c0 + lens
+    return out, (zT, cT)
