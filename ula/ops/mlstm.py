@@ -33,6 +33,8 @@ exp(m̂ − m) (value 1) puts the live m back (on the final state too), before h
 So the gradient is exact (with eps > 0 h does depend on m) while the core's log-decay gradients carry no m terms
 that would only cancel: those are formed as differences of O(1) float32 sums (paper 002 §4.3), and terms that
 cancel there leave noise.
+On the Triton backend the gate scan (m, ld', i − m̂ and their gradients) is one kernel each way
+(ula/ops/_mlstm_gate_kernels.py); `_exp_gates` is its PyTorch form (backend="torch", context parallelism).
 Rounding can leave ld' a hair above 0 where the max keeps the decay branch; it is clipped to 0 with the
 gradient passed straight through. Unlike the TFLA kernels, the gradient through the normalizer is kept.
 
@@ -41,6 +43,7 @@ import torch
 import torch.nn.functional as F
 
 from ..core import linear_attention
+from ..core.backends import runs_triton
 from ..core.ones import linear_attention_with_ones, with_ones_column
 from ..core.time_scan import scan_time
 from ._checks import check_float, check_sequence, check_state_tuple, check_step_qkv, num_sequences
@@ -145,8 +148,14 @@ def mlstm(q, k, v, i, f, variant="exp", *, eps=1e-6, scale=None, initial_state=N
         return linear_attention(q, k, v, F.logsigmoid(f.to(ddt)), initial_state=initial_state, cp_group=cp_group,
                                 key_gate=F.logsigmoid(i.to(ddt)), **kw)
     m0 = None if initial_state is None else initial_state[2]
-    layout = PackedLayout(cu_seqlens, q.shape[1], q.device)
-    ldp, logw, m, mT = _exp_gates(i, f, m0, layout)
+    if runs_triton(backend, q.device) and not torch.compiler.is_compiling():
+        # one Triton kernel each way for the gate scan (ula/ops/_mlstm_gate_kernels.py): the ~50 small float64
+        # ops of `_exp_gates` and their backward cost the host more than the GPU's work; ld' and logw come in
+        # the core's dtype (cast there from float64, as `_exp_run` would)
+        from ._mlstm_gate_kernels import mlstm_exp_gates
+        ldp, logw, m, mT = mlstm_exp_gates(i, f, m0, cu_seqlens, decay_dtype(q))
+    else:
+        ldp, logw, m, mT = _exp_gates(i, f, m0, PackedLayout(cu_seqlens, q.shape[1], q.device))
     return _exp_run(q, k, v, ldp, logw, m, mT, initial_state, eps, kw)
 
 
