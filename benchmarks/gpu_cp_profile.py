@@ -36,7 +36,7 @@ def main():
     dev = torch.device("cuda", rank)
     q, k, v, ld = make(a.kind, 1, a.T, dev, 0)
     n = a.T // R
-    sl = lambda x: x[:, rank * n:(rank + 1) * n].contiguous()  # noqa: E731
+    sl = lambda x: x[:, rank * n:(rank + 1) * n].clone()  # noqa: E731  (a view would keep all of T alive)
     q, k, v = sl(q), sl(k), sl(v)
     ld = sl(ld) if ld is not None and ld.dim() > 1 else ld
     if a.phases:
