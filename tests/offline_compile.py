@@ -27,9 +27,10 @@ def record(run):
     as (kernel, signature, constexprs, num_warps, attrs)."""
     assert os.environ.get("TRITON_INTERPRET") != "1", "kernels defined under the interpreter cannot be compiled"
     from ula.core.triton import cumsum, decay_grad, output, state, step  # noqa: F401  (defines the kernels)
-    from ula.ops import _mlstm_gate_kernels  # noqa: F401  (mLSTMexp's gate scan)
-    mods = [sys.modules[f"ula.core.triton.{m}"] for m in ("cumsum", "decay_grad", "output", "state", "step")]
-    mods.append(sys.modules["ula.ops._mlstm_gate_kernels"])
+    from ula.core.triton import entry  # noqa: F401  (context parallelism's entry term)
+    from ula.ops import _l2norm, _mlstm_gate_kernels, _normalized_epilogue  # noqa: F401  (the families' own)
+    mods = [sys.modules[f"ula.core.triton.{m}"] for m in ("cumsum", "decay_grad", "output", "state", "step", "entry")]
+    mods += [sys.modules[f"ula.ops.{m}"] for m in ("_mlstm_gate_kernels", "_normalized_epilogue", "_l2norm")]
     seen = {}
 
     def fake_launch(kernel, grid, *args, num_warps=4, **constexprs):
@@ -95,8 +96,9 @@ def compile_one(kernel, sig, constexprs, num_warps, attrs=None, arch=90):
 def core_cases(B=2, T=300, H=2, K=128, V=128, dtype=torch.bfloat16):
     """Forward+backward of ula.linear_attention the way a GPU runs them: every decay kind at K = V = 128, decays
     requiring gradients (a learnable constant one takes float32 matmuls), mLSTM's key gate, then reverse,
-    varlen, a tiled chunk, a right decay, float16, K = 96 / V = 256, K = V = 100; mLSTMexp (the normalizer inside
-    the forward's kernels); and the decoding step kernel."""
+    varlen, a tiled chunk, a right decay, float16, K = 96 / V = 256, K = V = 100; mLSTMexp (its gate scan, the
+    normalizer inside the forward's kernels); normalized attention (L2 norm, epilogue); context parallelism's entry
+    term; and the decoding step kernel."""
     import torch.nn.functional as F
 
     import ula
@@ -132,6 +134,17 @@ def core_cases(B=2, T=300, H=2, K=128, V=128, dtype=torch.bfloat16):
         h, (C, n, m) = ula.mlstm(q, k, v, i, f, variant="exp", initial_state=init, output_final_state=True,
                                  backend="triton")
         (h.float().sum() + C.sum() + n.sum()).backward()
+        # normalized attention: the L2 norm and the fused epilogue (ula/ops/_l2norm.py, _normalized_epilogue.py)
+        q, k, v = r(B, T, H, K), r(B, T, H, K), r(B, T, H, V)
+        o, S = ula.normalized_linear_attention(q, k, v, 1.0, torch.ones(H).requires_grad_(), output_final_state=True,
+                                               backend="triton")
+        (o.float().sum() + S.sum()).backward()
+        # context parallelism's entry term (ula/core/triton/entry.py), scalar and vector decays
+        from ula.core.cp_entry import add_entry_term
+        for gl in (lsig(B, T, H, 1), lsig(B, T, H, K)):
+            o, q = r(B, T, H, V), r(B, T, H, K)
+            E = torch.randn(B, H, K, V).requires_grad_()
+            add_entry_term(o, q, gl, None, E, K ** -0.5, False, "triton").float().sum().backward()
         with torch.no_grad():  # the decoding step kernel
             from ula.core.triton.step import recurrent_step_triton
             q, k, v = (torch.randn(B, H, D).to(dtype) for D in (K, K, V))

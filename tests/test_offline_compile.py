@@ -1,6 +1,7 @@
-"""Every Triton kernel configuration that a forward+backward of the core (and the decoding step) launches on a GPU
-compiles for an H100 (sm_90) down to a cubin and spills at most 512 bytes per thread, checked on the CPU (tests/offline_compile.py: the launches are
-recorded, not run, in a process without the interpreter). The interpreter runs the kernels' logic but not the
+"""Every Triton kernel configuration that a forward+backward of the core, the families' own kernels, context
+parallelism's entry term and the decoding step launch on a GPU compiles for an H100 (sm_90) down to a cubin and
+spills at most 512 bytes per thread, checked on the CPU (tests/offline_compile.py: the launches are recorded, not
+run, in a process without the interpreter). The interpreter runs the kernels' logic but not the
 GPU compiler, which has its own failures (bfloat16 matmul operands, layouts, shared memory)."""
 import os
 import re
@@ -25,7 +26,8 @@ def test_every_launched_configuration_compiles_for_sm90():
     assert not bad, "\n".join(bad)
     kernels = {re.search(r"(_\w+_kernel) ", ln).group(1) for ln in lines}
     expected = {"_state_kernel", "_output_kernel", "_cumsum_kernel", "_decay_grad_kernel", "_step_kernel",
-                "_mlstm_gates_fwd_kernel", "_mlstm_gates_bwd_kernel"}
+                "_mlstm_gates_fwd_kernel", "_mlstm_gates_bwd_kernel", "_l2norm_kernel", "_forward_kernel",
+                "_backward_kernel", "_entry_fwd_kernel", "_entry_dq_kernel", "_entry_de_kernel"}
     assert expected <= kernels, kernels
     # spills: a kernel change or a width whose rows the compiler cannot prove aligned (K = V = 100 unpadded spilled
     # 4.8 KB per thread; today's largest is 128 bytes)
