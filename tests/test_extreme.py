@@ -158,12 +158,14 @@ B, T, H, K, V = 2, 37, 2, 8, 6
 KW = dict(chunk_size=16, backend="torch", output_final_state=True)
 
 
-@pytest.mark.parametrize("variant", ["exp", "sig"])
-def test_mlstm_input_gate_80(variant):
+@pytest.mark.parametrize("variant,backend", [("exp", "torch"), ("sig", "torch"),
+                                             pytest.param("exp", "triton", marks=TRITON)])
+def test_mlstm_input_gate_80(variant, backend):
     """ĩ up to +80 (exp(80) = 5.5e34; exp(ĩ) itself would overflow float32 beyond 88.7) and down to -80, runs of
     +80, f̃ in [-30, 10]. Tolerances as in tests/test_ops_mlstm.py::test_mlstm_extreme_gates: 1e-4, except the
     gradient of f̃ (1e-3): where a forget gate wipes the state its true gradient is ~0 and the core forms it as a
-    difference of O(1) float32 sums. Positive q, k keep |nᵀq| away from 0 (see test_ops_mlstm.py::_qk)."""
+    difference of O(1) float32 sums. Positive q, k keep |nᵀq| away from 0 (see test_ops_mlstm.py::_qk).
+    backend="triton": mLSTMexp's gate-scan kernels and the kernels' implicit normalizer column."""
     seed = fresh_seed()
     i = torch.rand(B, T, H) * 160 - 80
     i[:, 3:8] = 80.0
@@ -174,7 +176,10 @@ def test_mlstm_input_gate_80(variant):
         q, k = q.abs() + 0.1, k.abs() + 0.1
     ref = ref_mlstm_exp if variant == "exp" else ref_mlstm_sig
     inp = dict(q=q, k=k, v=torch.randn(B, T, H, V), i=i, f=f, h0=None)
-    errs = compare(lambda h0, **a: ula.mlstm(**a, variant=variant, **KW), lambda h0, **a: ref(**a), inp)
+    kw = dict(KW, backend=backend)
+    if backend == "triton":
+        inp = {n: None if x is None else x.to(DEVICE) for n, x in inp.items()}
+    errs = compare(lambda h0, **a: ula.mlstm(**a, variant=variant, **kw), lambda h0, **a: ref(**a), inp)
     _check({n: e for n, e in errs.items() if n != "df"}, seed)
     _check({"df": errs["df"]}, seed, tol=1e-3)
 
@@ -285,17 +290,26 @@ OPS_ZERO = {
 }
 
 
+# the ops with kernels of their own on the Triton backend (L2 norm and epilogue; gate scan), run there too
+ZERO_CASES = [(n, "torch") for n in sorted(OPS_ZERO)] + [pytest.param(n, "triton", marks=TRITON)
+                                                        for n in ("mlstm_exp", "normalized")]
+
+
 @pytest.mark.parametrize("T1", [False, True], ids=["T37", "T1"])
-@pytest.mark.parametrize("name", sorted(OPS_ZERO))
-def test_ops_all_zero_qkv(name, T1):
+@pytest.mark.parametrize("name,backend", ZERO_CASES)
+def test_ops_all_zero_qkv(name, backend, T1):
     """q = k = v = 0 (gates random): outputs, states and all gradients finite; outputs exactly 0. (Normalized
     attention with L2 norm: F.normalize maps 0 to 0, the denominator is a·count > 0, so o = 0 too.)"""
     fresh_seed()
     Tn = 1 if T1 else T
     fn, gates = OPS_ZERO[name]
+    if backend == "triton":
+        kw = dict(KW, backend="triton")
+        fn = {"mlstm_exp": lambda **a: ula.mlstm(**a, variant="exp", **kw),
+              "normalized": lambda **a: ula.normalized_linear_attention(**a, **kw)}[name]
     leaves = dict(q=torch.zeros(B, Tn, H, K), k=torch.zeros(B, Tn, H, K), v=torch.zeros(B, Tn, H, V),
                   **{n: x[:, :Tn] if x.dim() >= 3 else x for n, x in gates.items()})
-    leaves = {n: x.clone().requires_grad_() for n, x in leaves.items()}
+    leaves = {n: x.to(DEVICE if backend == "triton" else "cpu").clone().requires_grad_() for n, x in leaves.items()}
     o, S = fn(**leaves)
     assert torch.isfinite(o).all() and not o.any(), name
     parts = [S] if isinstance(S, torch.Tensor) else list(S)
