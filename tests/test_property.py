@@ -91,15 +91,16 @@ def test_core_torch(c):
     _check_core(c, "torch")
 
 
-@pytest.mark.skipif(not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1",
-                    reason="Triton kernels need CUDA or the interpreter")
+TRITON_CPU = pytest.mark.skipif(torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") != "1",
+                                reason="the Triton kernels through the interpreter on a CPU (on CUDA: the GPU suites)")
+
+
+@TRITON_CPU
 @examples(8)
 @given(c=core_cases(max_T=40, max_D=16, max_B=1, max_H=1))
 def test_core_triton(c):
     """The Triton kernels (through the interpreter on CPU: few, tiny examples)."""
     pytest.importorskip("triton")
-    if torch.cuda.is_available():
-        pytest.skip("the property over the Triton kernels on CUDA is left to the GPU suites")
     _check_core(c, "triton")
 
 
@@ -123,10 +124,10 @@ def op_shapes(draw, max_T=40, max_D=16):
                 single=not h0 and (T == 1 if cu is None else max(lens) == 1))
 
 
-def _run_op(s, op, ref, inputs, tol=1e-4, loose=(), loose_tol=1e-3, skip=()):
+def _run_op(s, op, ref, inputs, tol=1e-4, loose=(), loose_tol=1e-3, skip=(), backend="torch"):
     """op(h0=..., **inputs) against ref (per sequence with cu_seqlens); `loose` names held to loose_tol,
     `skip` names not compared (true value exactly 0)."""
-    kw = dict(chunk_size=s["chunk"], backend="torch", output_final_state=True, cu_seqlens=s["cu"])
+    kw = dict(chunk_size=s["chunk"], backend=backend, output_final_state=True, cu_seqlens=s["cu"])
     cu = s["cu"]
     if cu is None:
         r = ref
@@ -156,6 +157,18 @@ def test_gla(s):
 @examples(25)
 @given(s=op_shapes(), variant=st.sampled_from(["exp", "sig"]))
 def test_mlstm(s, variant):
+    _mlstm_case(s, variant, "torch")
+
+
+@TRITON_CPU
+@examples(5)
+@given(s=op_shapes(max_T=30, max_D=12))
+def test_mlstm_exp_triton(s):
+    """mLSTMexp on the Triton backend: its gate-scan kernels and the core's implicit normalizer column."""
+    _mlstm_case(s, "exp", "triton")
+
+
+def _mlstm_case(s, variant, backend):
     torch.manual_seed(s["seed"])
     B, T, H, K, V, N = (s[x] for x in "BTHKVN")
     q, k = torch.randn(B, T, H, K), torch.randn(B, T, H, K)
@@ -180,15 +193,30 @@ def test_mlstm(s, variant):
     # 1.4e-4 at B = H = 1, T = 4; 4e-3 at T = 2): held to 1e-3, and not compared at all for B·H·T <= 4, where one
     # or two rows decide the norm. tests/test_ops_mlstm.py holds them to 1e-4 on fixed shapes.
     loose = ("dh02", "df", "di") + (("dq", "dk") if variant == "exp" else ())
+    # so is df there: at B = H = 1, T = 2 it was off by 1.55e-3 (PyTorch backend) and 2.2e-3 (Triton) against
+    # the float64 reference (long profile, session 7), the forget gates' gradient a difference of O(1) float32
+    # sums on two steps; tests/test_ops_mlstm.py holds it to 1e-3 on fixed shapes
     if variant == "exp" and B * H * T <= 4:
-        skip = tuple(set(skip) | {"dq", "dk"})
+        skip = tuple(set(skip) | {"dq", "dk", "df"})
     _run_op(s, lambda **a: ula.mlstm(**a, variant=variant), lambda h0, **a: ref(**a, h0=h0), inp,
-            loose=loose, skip=skip)
+            loose=loose, skip=skip, backend=backend)
 
 
 @examples(20)
 @given(s=op_shapes(), coef=st.sampled_from(["float", "tensor"]))
 def test_normalized(s, coef):
+    _normalized_case(s, coef, "torch")
+
+
+@TRITON_CPU
+@examples(5)
+@given(s=op_shapes(max_T=30, max_D=12), coef=st.sampled_from(["float", "tensor"]))
+def test_normalized_triton(s, coef):
+    """Normalized attention on the Triton backend: its L2-norm and epilogue kernels, the implicit column."""
+    _normalized_case(s, coef, "triton")
+
+
+def _normalized_case(s, coef, backend):
     torch.manual_seed(s["seed"])
     B, T, H, K, V, N = (s[x] for x in "BTHKVN")
     if coef == "float":
@@ -205,7 +233,7 @@ def test_normalized(s, coef):
     # one token from a zero state: o = v whatever q, k, a, b are (their true gradients are exactly 0)
     _run_op(s, lambda **x: ula.normalized_linear_attention(**x, a=a, b=b),
             lambda h0, **x: ref_normalized(**x, a=ad, b=bd, h0=h0), inp,
-            skip=("dq", "dk") if s["single"] else ())
+            skip=("dq", "dk") if s["single"] else (), backend=backend)
 
 
 @examples(20)
