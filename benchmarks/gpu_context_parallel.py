@@ -22,6 +22,7 @@ os.environ["NCCL_NVLS_ENABLE"] = "0"  # before any NCCL init: no NVLink multicas
 os.environ["TORCH_SYMM_MEM_DISABLE_MULTICAST"] = "1"
 
 import torch  # noqa: E402
+import triton  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
@@ -87,7 +88,7 @@ def main():
     dev = torch.device("cuda", local)
     world = dist.group.WORLD
     res = {"world_size": R, "device": torch.cuda.get_device_name(dev), "torch": torch.__version__,
-           "shape": {"B": 1, "H": H, "K": K, "V": V, "dtype": "bfloat16"}, "runs": {}}
+           "triton": triton.__version__, "shape": {"B": 1, "H": H, "K": K, "V": V, "dtype": "bfloat16"}, "runs": {}}
     for kind in args.kinds.split(","):
         T = args.T
         # 1 GPU: rank 0 alone on the whole sequence

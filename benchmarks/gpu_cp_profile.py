@@ -16,6 +16,7 @@ os.environ["NCCL_NVLS_ENABLE"] = "0"
 os.environ["TORCH_SYMM_MEM_DISABLE_MULTICAST"] = "1"
 
 import torch  # noqa: E402
+import triton  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -70,8 +71,8 @@ def phases(q, k, v, ld, a, rank, R):
     def no_entry(o, q, gl, rd, E, scale, reverse, backend):
         return o + (E.sum() * 0).to(o.dtype)  # tied to E: the backward still runs every collective
 
-    res = {"rank": rank, "device": torch.cuda.get_device_name(dev), "torch": torch.__version__, "kind": a.kind,
-           "T_total": a.T}
+    res = {"rank": rank, "device": torch.cuda.get_device_name(dev), "torch": torch.__version__,
+           "triton": triton.__version__, "kind": a.kind, "T_total": a.T}
     variants = (("alone", None, real_entry), ("cp", world, real_entry), ("cp_no_entry", world, no_entry))
     for name, group, entry in variants:
         cpm.add_entry_term = entry

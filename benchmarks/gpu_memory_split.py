@@ -9,6 +9,7 @@ import os
 import sys
 
 import torch
+import triton
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from gpu_context_parallel import make  # noqa: E402
@@ -38,7 +39,7 @@ def main():
             torch.cuda.synchronize()
             torch.cuda.reset_peak_memory_stats()
             r = {"kind": kind, "T": T, "device": torch.cuda.get_device_name(), "torch": torch.__version__,
-                 "inputs_GiB": torch.cuda.memory_allocated() / GiB}
+                 "triton": triton.__version__, "inputs_GiB": torch.cuda.memory_allocated() / GiB}
             o, _ = ula.linear_attention(*xs)
             torch.cuda.synchronize()
             r["after_forward_GiB"] = torch.cuda.memory_allocated() / GiB
