@@ -335,3 +335,15 @@ def test_entry_term_triton_kernels(decay):
         res.append([out] + [x.grad for x in leaves if x is not None])
     for got, want in zip(*res):
         assert got.dtype == torch.float32 and rel(got.double(), want) < 1e-5
+
+
+def test_entry_term_wide_keys_take_the_pytorch_form(monkeypatch):
+    """K over 256 (the kernels' one tile of K) goes to the PyTorch form, whatever the backend asks."""
+    import ula.core.cp_entry as ce
+    fresh_seed()
+    B, L, H, K, V = 1, 5, 1, 272, 4
+    o, q, E = torch.randn(B, L, H, V), torch.randn(B, L, H, K), torch.randn(B, H, K, V)
+    gl = torch.nn.functional.logsigmoid(torch.randn(B, L, H, 1) + 3)
+    monkeypatch.setattr(ce._EntryTermTriton, "apply", lambda *a: pytest.fail("the kernels were called"))
+    got = ce.add_entry_term(o, q, gl, None, E, 0.5, False, "triton")
+    assert rel(got, o + ce.entry_term(q.double(), gl.double(), None, E.double(), 0.5, False)) < 1e-6

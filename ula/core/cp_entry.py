@@ -115,9 +115,13 @@ class _EntryTermTriton(torch.autograd.Function):
         return dout, dq, dg, None if dE is None else dE.to(E.dtype), None
 
 
+ENTRY_KERNEL_MAX_K = 256  # the kernels hold all of K in one tile (ula/core/triton/entry.py)
+
+
 def add_entry_term(o, q, gl, rd, E, scale, reverse, backend):
     """o + corr (o [B, L, H, V], the slice's entry piece): the Triton kernels where the core runs them (left
-    decays, forward direction; float64 stays in PyTorch), the PyTorch form above otherwise."""
-    if rd is None and not reverse and q.dtype != torch.float64 and runs_triton(backend, q.device):
+    decays, forward direction, K <= 256; float64 stays in PyTorch), the PyTorch form above otherwise."""
+    if (rd is None and not reverse and q.dtype != torch.float64 and q.shape[-1] <= ENTRY_KERNEL_MAX_K
+            and runs_triton(backend, q.device)):
         return _EntryTermTriton.apply(o, q, gl, E, float(scale))
     return o + entry_term(q, gl, rd, E, scale, reverse).to(o.dtype)

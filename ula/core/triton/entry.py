@@ -181,6 +181,7 @@ def entry_forward(q, g, E, o, scale, carry):
     """o + scale · Eᵀ(exp(b) ⊙ q) for q [B, L, H, K], g broadcastable to [B, L, H, K|1] or None, E [B, H, K, V]
     (contiguous), o [B, L, H, V] (any strides with a unit last one): a new contiguous tensor in o's dtype."""
     B, L, H, K = q.shape
+    assert K <= 256, "the entry kernels hold all of K in one tile (cp_entry.add_entry_term routes K > 256 away)"
     V = E.shape[-1]
     out = alloc((B, L, H, V), q.device, o.dtype)
     g_, sg, KG, gbm, has_g, vec = _decay_args(g, q)
