@@ -347,3 +347,17 @@ def test_entry_term_wide_keys_take_the_pytorch_form(monkeypatch):
     monkeypatch.setattr(ce._EntryTermTriton, "apply", lambda *a: pytest.fail("the kernels were called"))
     got = ce.add_entry_term(o, q, gl, None, E, 0.5, False, "triton")
     assert rel(got, o + ce.entry_term(q.double(), gl.double(), None, E.double(), 0.5, False)) < 1e-6
+
+
+def test_entry_term_triton_float16_large_state():
+    """float16 inputs: the kernels' matmuls take float32 operands, as the PyTorch form does, because a state can
+    exceed float16's range (here |E| ~ 1e5 while the outputs stay O(1))."""
+    from ula.core.cp_entry import add_entry_term, entry_term
+    fresh_seed()
+    B, L, H, K, V = 1, 70, 2, 16, 16
+    gl = torch.nn.functional.logsigmoid(torch.randn(B, L, H, 1) + 3)
+    o, q = torch.randn(B, L, H, V).half(), (torch.randn(B, L, H, K) * 1e-4).half()
+    E = torch.randn(B, H, K, V) * 1e5
+    got = add_entry_term(o, q, gl, None, E, 1.0, False, "triton")
+    want = o.double() + entry_term(q.double(), gl.double(), None, E.double(), 1.0, False)
+    assert got.dtype == torch.float16 and torch.isfinite(got).all() and rel(got, want) < 2e-3

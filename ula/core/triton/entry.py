@@ -21,7 +21,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .utils import alloc, block, cdiv, dot_code, launch, mm, operand
+from .utils import DOT_F16, DOT_F32, alloc, block, cdiv, dot_code, launch, mm, operand
 
 BT = 64  # steps per chunk
 
@@ -165,6 +165,13 @@ def _decay_args(g, q):
     return g, (sb if g.shape[0] > 1 else 0, st, sh, sk if KG > 1 else 0), KG, int(g.shape[0] > 1), True, KG > 1
 
 
+def _dot(*tensors):
+    """The matmul operands' type: half precision for bfloat16 inputs, float32 otherwise; not float16, whose range a
+    state can exceed (E enters the matmuls)."""
+    code = dot_code(*tensors)
+    return DOT_F32 if code == DOT_F16 else code
+
+
 def chunk_carry(g, L):
     """The exclusive cumulative sum over chunks of BT steps of g's chunk totals, float32 [Bg, n_chunks, H, KG]."""
     Bg, _, H, KG = g.shape
@@ -189,7 +196,7 @@ def entry_forward(q, g, E, o, scale, carry):
     nC = cdiv(L, BT)
     launch(_entry_fwd_kernel, (nC, cdiv(V, BV), B * H), q, g_, carry if has_g else q, E, o, out, L, H, K, V, nC,
            q.stride(0), q.stride(1), q.stride(2), o.stride(0), o.stride(1), o.stride(2), *sg, KG, gbm, scale,
-           BT=BT, BK=BK, BV=BV, HAS_G=has_g, VEC_G=vec, DOT=dot_code(q, o))
+           BT=BT, BK=BK, BV=BV, HAS_G=has_g, VEC_G=vec, DOT=_dot(q, o))
     return out
 
 
@@ -201,7 +208,7 @@ def entry_backward(q, g, E, dc, scale, carry, need_q, need_g, need_e):
     need_g = need_g and has_g
     BK, BV = block(K, 256), block(V, 64)
     nC = cdiv(L, BT)
-    dot = dot_code(q, dc)
+    dot = _dot(q, dc)
     common = (L, H, K, V, nC, q.stride(0), q.stride(1), q.stride(2), dc.stride(0), dc.stride(1), dc.stride(2), *sg,
               KG, gbm, scale)
     meta = dict(BT=BT, BK=BK, BV=BV, HAS_G=has_g, VEC_G=vec, NEED_DG=need_g, DOT=dot)
