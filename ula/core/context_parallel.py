@@ -286,20 +286,34 @@ def cp_linear_attention(q, k, v, ld=None, rd=None, *, cp_group, scale=None, init
         vals = [B, H, K, V, _ld_code(ld), rd is not None, bool(reverse), bool(output_final_state), needs_grad,
                 -1 if c is None else len(c) - 1, cu_hash(cu_seqlens)]
         own = [T, initial_state is not None]
+        scale = K ** -0.5 if scale is None else float(scale)
+    early = None
+    if err is None and cu_seqlens is None:
+        # 1 (before the metadata gather, without varlen): the local pass needs no other rank's length, so it is
+        # queued first and the gather's wait on the GPU overlaps it (the first rank in scan order starts from
+        # the initial state, every other from zero). An error here is raised on every rank by `agree`.
+        try:
+            first = rank == (R - 1 if reverse else 0)
+            early = linear_attention(q, k, v, ld, rd, scale=scale, initial_state=initial_state if first else None,
+                                     output_final_state=True, chunk_size=chunk_size, backend=backend,
+                                     reverse=reverse)
+        except (TypeError, ValueError, RuntimeError) as e:
+            err = e
     metas = agree(cp_group, err, list(zip(names, vals)), own, q.device, who)
     lengths = [m[0] for m in metas]
     total = sum(lengths)
     varlen = c is not None
     plans, starts = slice_plans(lengths, c, bool(reverse), [bool(m[1]) for m in metas], who)
 
-    scale = K ** -0.5 if scale is None else float(scale)
     sdt = torch.float64 if q.dtype == torch.float64 else torch.float32
     me = plans[rank]
     pieces = me["pieces"]
 
     # 1. local pass: the crossing-in piece starts from zero, pieces that start here from their initial state
     cu_loc = local_offsets(me, cu_seqlens)
-    if varlen:
+    if early is not None:
+        assert me["starts"] == [first], "the early local pass assumed another plan"
+    elif varlen:
         h0_loc = None
         if initial_state is not None and any(me["starts"]):
             rows = [initial_state[n] if st else torch.zeros_like(initial_state[n])
@@ -307,8 +321,9 @@ def cp_linear_attention(q, k, v, ld=None, rd=None, *, cp_group, scale=None, init
             h0_loc = torch.stack(rows)
     else:
         h0_loc = initial_state if me["starts"][0] else None
-    o, F_loc = linear_attention(q, k, v, ld, rd, scale=scale, initial_state=h0_loc, output_final_state=True,
-                                cu_seqlens=cu_loc, chunk_size=chunk_size, backend=backend, reverse=reverse)
+    o, F_loc = early if early is not None else linear_attention(
+        q, k, v, ld, rd, scale=scale, initial_state=h0_loc, output_final_state=True, cu_seqlens=cu_loc,
+        chunk_size=chunk_size, backend=backend, reverse=reverse)
     Bs = 1 if varlen else B  # batch of the state rows: one per piece with varlen, B without
     F_loc = F_loc.to(sdt).reshape(len(pieces), Bs, H, K, V)
 
