@@ -217,9 +217,8 @@ def _mlstm_gates_bwd_kernel(f, code, cu, gldp, glogw, gm, gmT, di, df, dm0, T, H
 
 def _tiles(T):
     """(BT steps, BH heads, warps). The walk along T is sequential, so the GPU time is the number of blocks times
-    a block's latency: one head per program and long blocks. On an H100, B = 2, T = 65536, H = 16, forward +
-    backward: 6.6 ms at 128 steps x 8 heads (4 warps), 1.5 ms at 1024 x 1 (4 warps), 1.1 ms at 1024 x 1 and
-    2048 x 1 (8 warps); the PyTorch ops took 1.1 ms of GPU time there (and 1.0 ms of host time, 0.4 fused).
+    a block's latency: one head per program and long blocks (an H100 trial at B = 2, T = 65536, H = 16 favoured
+    1024-2048 steps x 1 head at 8 warps over 128 x 8 heads; its timings were not kept in a results file).
     Short sequences take a block that fits them. The interpreter takes short blocks (its scans run step by step
     in Python)."""
     if INTERPRET:

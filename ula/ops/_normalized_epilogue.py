@@ -28,9 +28,8 @@ from ..core.triton.chunk import make_layout
 from ..core.triton.utils import alloc, block, cdiv, chunk_bounds, launch
 
 # Steps per chunk, and (elements of a [rows, V] tile, warps) of the chunk kernels (forward and chunk sums;
-# backward): measured on an H200 at B2 T8192 H16 V128 bf16 (benchmarks/gpu_normalized_epilogue.py --sweep), GPU
-# time of the epilogue's kernels per forward+backward 0.32 ms, against 0.46 at chunks of 128 and 4096-element tiles
-# and up to 0.98 at others.
+# backward): the fastest of a sweep on an H200 at B2 T8192 H16 V128 bf16 (benchmarks/gpu_normalized_epilogue.py
+# --sweep); that sweep's output was not kept, so rerun it before relying on these choices.
 CHUNK = 64
 _SCAN_BLOCK = 64  # chunks per step of the scan over a sequence's chunks
 _FWD, _BWD = (8192, 4), (8192, 4)
