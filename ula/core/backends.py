@@ -1,6 +1,8 @@
 """Which implementation of the chunk function F runs: Triton kernels on CUDA, the PyTorch path elsewhere."""
 import os
 
+import torch
+
 from .chunk_torch import chunk_recurrence
 
 
@@ -24,3 +26,9 @@ def chunk_fn(backend, device):
 def runs_triton(backend, device):
     """Whether the core runs the Triton kernels for this backend and device (errors as `chunk_fn`)."""
     return chunk_fn(backend, device) is not chunk_recurrence
+
+
+def runs_fused(backend, device):
+    """Whether a family's own fused autograd Functions on Triton kernels serve this call: the core runs Triton and
+    no torch.compile trace is in progress (those Functions are opaque to it; a trace takes the PyTorch forms)."""
+    return runs_triton(backend, device) and not torch.compiler.is_compiling()

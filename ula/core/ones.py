@@ -15,7 +15,7 @@ import torch
 
 from .api import _pad_to_16, linear_attention
 from .autograd import canonical_left, half_states
-from .backends import chunk_fn, runs_triton
+from .backends import chunk_fn, runs_fused
 from .checks import check_linear_attention
 
 
@@ -35,9 +35,8 @@ def _generic(q, k, v, ld, scale, initial_state, output_final_state, kw):
 
 def _fast(q, v, ld, backend, cp_group):
     K, V = q.shape[-1], v.shape[-1]
-    return (cp_group is None and runs_triton(backend, q.device) and q.dtype != torch.float64
-            and (ld is None or ld.dim() in (1, 3)) and _pad_to_16(K) == 0 and _pad_to_16(V) == 0
-            and not torch.compiler.is_compiling())
+    return (cp_group is None and runs_fused(backend, q.device) and q.dtype != torch.float64
+            and (ld is None or ld.dim() in (1, 3)) and _pad_to_16(K) == 0 and _pad_to_16(V) == 0)
 
 
 def linear_attention_with_ones(q, k, v, ld=None, *, scale=None, initial_state=None, output_final_state=False,

@@ -27,7 +27,7 @@ last row) run as fused autograd Functions on Triton kernels (ula/ops/_l2norm.py,
 import torch
 import torch.nn.functional as F
 
-from ..core.backends import runs_triton
+from ..core.backends import runs_fused
 from ..core.ones import linear_attention_with_ones, with_ones_column
 from ..core.time_scan import scan_time
 from ._checks import check_sequence, check_step_qkv, check_step_state, num_sequences
@@ -119,7 +119,7 @@ def normalized_linear_attention(q, k, v, a=1.0, b=1.0, *, qk_l2_norm=True, eps=1
         check_step_state("normalized_linear_attention", initial_state, (N, H, K + 1, v.shape[-1] + 1),
                          "[B, H, K + 1, V + 1] ([N, ...] with cu_seqlens)", name="initial_state")
     # the Triton backend (not float64, not under torch.compile): the L2 norm and the epilogue as fused kernels
-    fused = decay_dtype(q) == torch.float32 and runs_triton(backend, q.device) and not torch.compiler.is_compiling()
+    fused = decay_dtype(q) == torch.float32 and runs_fused(backend, q.device)
     qb, k, a = _parts(q, k, a, b, qk_l2_norm, fused)
     K, V = k.shape[-1], v.shape[-1]
     S0 = initial_state
