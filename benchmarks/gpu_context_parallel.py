@@ -80,6 +80,8 @@ def main():
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--T", type=int, default=262144)
     ap.add_argument("--T_long", type=int, default=1048576, help="the long run's T (0: skip it)")
+    ap.add_argument("--grad-T", type=int, default=0,
+                    help="also compare every rank's output and gradients with one GPU's at this T (0: skip it)")
     args = ap.parse_args()
     dist.init_process_group("nccl", timeout=datetime.timedelta(minutes=8))
     rank, R = dist.get_rank(), dist.get_world_size()
@@ -126,6 +128,11 @@ def main():
         if args.T_long > 0:  # 0: skip the long run
             section(res["runs"], f"{kind}/{R}gpu/T={args.T_long}", cp(args.T_long))
             dist.barrier()
+    if args.grad_T > 0:
+        for kind in args.kinds.split(","):
+            section(res["runs"], f"{kind}/{R}gpu/grads/T={args.grad_T}",
+                    lambda: check_grads(kind, args.grad_T, dev, rank, R, world))
+            dist.barrier()
     if rank == 0:
         out = os.environ.get("OUT", ".")
         os.makedirs(out, exist_ok=True)
@@ -134,6 +141,27 @@ def main():
             json.dump(res, f, indent=1)
         print(json.dumps(res, indent=1))
     dist.destroy_process_group()
+
+
+def check_grads(kind, T, dev, rank, R, world):
+    """This rank's slice of o and of every gradient from the CP call against the same rows of one GPU's call on
+    the whole sequence (the same bfloat16 inputs on every rank), relative errors in float32; every rank."""
+    q, k, v, ld = make(kind, 1, T, dev, 0)
+    o1, xs1 = fwd_bwd(q, k, v, ld, None)
+    n = T // R
+    s, e = rank * n, (rank + 1) * n if rank < R - 1 else T
+    cut = (lambda x: x[:, s:e].clone())
+    ldc = ld[:, s:e].clone() if ld is not None and ld.dim() > 1 else ld
+    oc, xsc = fwd_bwd(cut(q), cut(k), cut(v), ldc, world)
+    errs = {}
+    for name, a, b in [("o", oc, o1)] + [("d" + nm, x.grad, y.grad) for nm, x, y in zip("qkvg", xsc, xs1)
+                                         if x is not None]:
+        b = b[:, s:e] if b.dim() > 1 else b
+        errs[name] = ((a.float() - b.float()).norm() / b.float().norm().clamp_min(1e-30)).item()
+    per_rank = [None] * R
+    dist.all_gather_object(per_rank, errs)
+    return {"T": T, "rel_err_vs_one_gpu_per_rank": per_rank,
+            "ok": all(v < (4e-2 if name == "dg" else 2e-2) for r in per_rank for name, v in r.items())}
 
 
 def check_long(kind, T, q, k, v, ld, s, dev, rank, R, W=256):

@@ -47,6 +47,9 @@ def _cases(R):
                       backend="triton"))
     cases.append(dict(kind="vector", right=False, reverse=False, varlen={2: [0, 9, 45, 61], 4: [0, 3, 30, 61]}[R],
                       B=1, T=61, h0=True, final=True, backend="triton"))
+    # a constant decay's entry gradient is not added in place (ld is [H]: cp_entry.DeferredGrads.finish)
+    cases.append(dict(kind="constant", right=False, reverse=False, varlen=False, B=2, T=61, h0=False, final=False,
+                      backend="triton"))
     cases.append(dict(op="gla", varlen=False, B=2, T=61, h0=True, final=True))
     cases.append(dict(op="gla", varlen=[0, 5, 40, 61], B=1, T=61, h0=True, final=True))
     cases.append(dict(op="mlstm_sig", varlen=False, B=2, T=61, h0=True, final=True))
@@ -310,14 +313,20 @@ def test_entry_term_gradients(decay, right, reverse):
     assert torch.autograd.gradcheck(term, tuple(leaves))
 
 
+@pytest.mark.parametrize("spans", [False, True], ids=["chunk_per_program", "spans"])
 @pytest.mark.parametrize("decay", ["none", "constant", "scalar", "vector"])
-def test_entry_term_triton_kernels(decay):
+def test_entry_term_triton_kernels(decay, spans, monkeypatch):
     """The entry term's kernels (ula/core/triton/entry.py, float32 under the interpreter) against the PyTorch form
     in float64: o + corr and the gradients of o, q, the left decay and the state; L spans several chunks and
-    ends inside one, K and V are not powers of two (masks) and V spans two blocks."""
+    ends inside one, K and V are not powers of two (masks) and V spans two blocks. spans: several chunks per
+    program (the last span shorter), and V over two blocks in the dq kernel too."""
+    import ula.core.triton.entry as entry
     from ula.core.cp_entry import add_entry_term, entry_term
     fresh_seed()
     B, L, H, K, V = 2, 150, 2, 20, 80
+    if spans:
+        monkeypatch.setattr(entry, "_MIN_PROGRAMS", 1)
+        L, V = 300, 150
     g = lambda *s: torch.nn.functional.logsigmoid(torch.randn(*s) + 3)  # noqa: E731
     base = {"none": None, "constant": g(H), "scalar": g(B, L, H, 1), "vector": g(B, L, H, K)}[decay]
     xs = [torch.randn(B, L, H, V), torch.randn(B, L, H, K), base, torch.randn(B, H, K, V) * 0.3]

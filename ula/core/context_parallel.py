@@ -69,7 +69,7 @@ import torch.distributed as dist
 
 from .api import linear_attention
 from .checks import check_linear_attention
-from .cp_entry import add_entry_term
+from .cp_entry import add_entry_term, defer_entry_grads, entry_runs_triton
 
 __all__ = ["cp_linear_attention"]
 
@@ -195,10 +195,7 @@ def agree(group, err, same, own, device, who):
     length). The lists have the same length on every rank (zeros where err is set).
     Returns the `own` lists of all ranks, in rank order."""
     vals = [int(err is None)] + [int(x) for _, x in same] + [int(x) for x in own]
-    t = torch.tensor(vals, dtype=torch.int64, device=device)
-    gathered = [torch.empty_like(t) for _ in range(dist.get_world_size(group))]
-    dist.all_gather(gathered, t, group=group)
-    metas = [g.tolist() for g in gathered]
+    metas = _gather_ints(vals, group, device)
     if err is not None:
         raise err
     bad = [j for j, m in enumerate(metas) if not m[0]]
@@ -209,6 +206,34 @@ def agree(group, err, same, own, device, who):
         if len(set(got)) != 1:
             raise ValueError(f"{who}: every rank of cp_group must pass the same {name}; got {got} (per rank)")
     return [m[1 + len(same):] for m in metas]
+
+
+_SIDE = {}  # per CUDA device: the stream of the metadata gather
+
+
+def _gather_ints(vals, group, device):
+    """The int list `vals` of every rank, in rank order. With NCCL on a side stream: the current stream holds the
+    local pass (queued before), and a gather behind it would make the host wait for that pass, then leave the GPU
+    idle while the host queues what follows; on its own stream the host waits for the gather alone."""
+    R = dist.get_world_size(group)
+    if device.type != "cuda" or dist.get_backend(group) != "nccl":
+        t = torch.tensor(vals, dtype=torch.int64, device=device)
+        gathered = [torch.empty_like(t) for _ in range(R)]
+        dist.all_gather(gathered, t, group=group)
+        return [g.tolist() for g in gathered]
+    side = _SIDE.get(device)
+    if side is None:
+        side = _SIDE[device] = torch.cuda.Stream(device)
+    src = torch.tensor(vals, dtype=torch.int64).pin_memory()
+    back = torch.empty(R * len(vals), dtype=torch.int64).pin_memory()
+    with torch.cuda.stream(side):
+        out = torch.empty(R * len(vals), dtype=torch.int64, device=device)
+        dist.all_gather_into_tensor(out, src.to(device, non_blocking=True), group=group)
+        back.copy_(out, non_blocking=True)
+        done = torch.cuda.Event()
+        done.record(side)
+    done.synchronize()
+    return back.view(R, -1).tolist()
 
 
 def slice_plans(lengths, c, reverse, has_h0, who):
@@ -287,14 +312,17 @@ def cp_linear_attention(q, k, v, ld=None, rd=None, *, cp_group, scale=None, init
                 -1 if c is None else len(c) - 1, cu_hash(cu_seqlens)]
         own = [T, initial_state is not None]
         scale = K ** -0.5 if scale is None else float(scale)
-    early = None
+    local_out = box = None
     if err is None and cu_seqlens is None:
         # 1 (before the metadata gather, without varlen): the local pass needs no other rank's length, so it is
         # queued first and the gather's wait on the GPU overlaps it (the first rank in scan order starts from
         # the initial state, every other from zero). An error here is raised on every rank by `agree`.
         try:
             first = rank == (R - 1 if reverse else 0)
-            early = linear_attention(q, k, v, ld, rd, scale=scale, initial_state=initial_state if first else None,
+            if needs_grad and not first and entry_runs_triton(q, rd, reverse, backend):
+                # the entry term's dq, dg join the core's after its backward (cp_entry.DeferredGrads)
+                q, ld, box = defer_entry_grads(q, ld, (0, T))
+            local_out = linear_attention(q, k, v, ld, rd, scale=scale, initial_state=initial_state if first else None,
                                      output_final_state=True, chunk_size=chunk_size, backend=backend,
                                      reverse=reverse)
         except (TypeError, ValueError, RuntimeError) as e:
@@ -311,19 +339,20 @@ def cp_linear_attention(q, k, v, ld=None, rd=None, *, cp_group, scale=None, init
 
     # 1. local pass: the crossing-in piece starts from zero, pieces that start here from their initial state
     cu_loc = local_offsets(me, cu_seqlens)
-    if early is not None:
+    if local_out is not None:
         assert me["starts"] == [first], "the early local pass assumed another plan"
-    elif varlen:
+    else:  # varlen (without it the local pass ran above, or `agree` raised)
+        if needs_grad and me["cross"] and entry_runs_triton(q, rd, reverse, backend):
+            _, a0, b0 = pieces[me["entry"]]
+            q, ld, box = defer_entry_grads(q, ld, (a0, b0))
         h0_loc = None
         if initial_state is not None and any(me["starts"]):
             rows = [initial_state[n] if st else torch.zeros_like(initial_state[n])
                     for (n, _, _), st in zip(pieces, me["starts"])]
             h0_loc = torch.stack(rows)
-    else:
-        h0_loc = initial_state if me["starts"][0] else None
-    o, F_loc = early if early is not None else linear_attention(
-        q, k, v, ld, rd, scale=scale, initial_state=h0_loc, output_final_state=True, cu_seqlens=cu_loc,
-        chunk_size=chunk_size, backend=backend, reverse=reverse)
+        local_out = linear_attention(q, k, v, ld, rd, scale=scale, initial_state=h0_loc, output_final_state=True,
+                                 cu_seqlens=cu_loc, chunk_size=chunk_size, backend=backend, reverse=reverse)
+    o, F_loc = local_out
     Bs = 1 if varlen else B  # batch of the state rows: one per piece with varlen, B without
     F_loc = F_loc.to(sdt).reshape(len(pieces), Bs, H, K, V)
 
@@ -367,7 +396,7 @@ def cp_linear_attention(q, k, v, ld=None, rd=None, *, cp_group, scale=None, init
     Ein = E_in[rank]
     if Ein is not None:
         piece = add_entry_term(o[:, a0:b0], q[:, a0:b0], gl[:, a0:b0] if gl is not None else None,
-                               rd[:, a0:b0] if rd is not None else None, Ein, scale, reverse, backend)
+                               rd[:, a0:b0] if rd is not None else None, Ein, scale, reverse, backend, box)
         o = piece if (a0, b0) == (0, T) else torch.cat([o[:, :a0], piece, o[:, b0:]], 1)
     if needs_grad:
         o = tie(o, G)

@@ -17,11 +17,13 @@ Backward (`entry_backward`), for dC = d out:
                                                               partial sums added over the spans)
 Forward direction and left decays only (no decay, constant, scalar, vector); the caller keeps the PyTorch form
 for right decays and reverse=True."""
+import os
+
 import torch
 import triton
 import triton.language as tl
 
-from .utils import DOT_F16, DOT_F32, alloc, block, cdiv, dot_code, launch, mm, operand
+from .utils import DOT_BF16, DOT_F16, DOT_F32, alloc, block, cdiv, dot_code, launch, mm, operand
 
 BT = 64  # steps per chunk
 
@@ -55,93 +57,112 @@ def _decayed_q(q, g, carry, rows, mrow, ks, mk, i_b, i_c, i_h, nC, H, sq_b, sq_t
 
 
 @triton.jit
-def _entry_fwd_kernel(q, g, carry, E, o, out, L, H, K, V, nC, sq_b, sq_t, sq_h, so_b, so_t, so_h,
+def _entry_fwd_kernel(q, g, carry, E, o, out, L, H, K, V, nC, span, sq_b, sq_t, sq_h, so_b, so_t, so_h,
                       sg_b, sg_t, sg_h, sg_k, KG, gb_mult, scale,
                       BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, HAS_G: tl.constexpr,
                       VEC_G: tl.constexpr, DOT: tl.constexpr):
-    i_c, i_v, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    """out = o + corr over a span of chunks, one V block; the block of E is loaded once for the span."""
+    i_s, i_v, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_b, i_h = i_bh // H, i_bh % H
-    rows = i_c * BT + tl.arange(0, BT)
-    mrow = rows < L
     ks = tl.arange(0, BK)
     mk = ks < K
     vs = i_v * BV + tl.arange(0, BV)
     mv = vs < V
-    qt = _decayed_q(q, g, carry, rows, mrow, ks, mk, i_b, i_c, i_h, nC, H, sq_b, sq_t, sq_h, sg_b, sg_t, sg_h, sg_k,
-                    KG, gb_mult, HAS_G, VEC_G)
-    e = tl.load(E + (i_bh.to(tl.int64) * K + ks[:, None]) * V + vs[None, :], mask=mk[:, None] & mv[None, :],
-                other=0.0)
-    corr = mm(operand(qt, DOT), e, DOT) * scale
-    optr = rows.to(tl.int64)[:, None] * so_t + vs[None, :]
-    m2 = mrow[:, None] & mv[None, :]
-    ot = tl.load(o + i_b.to(tl.int64) * so_b + i_h * so_h + optr, mask=m2, other=0.0).to(tl.float32)
-    tl.store(out + ((i_b.to(tl.int64) * L + rows.to(tl.int64)[:, None]) * H + i_h) * V + vs[None, :],
-             (ot + corr).to(out.dtype.element_ty), mask=m2)
+    e = operand(tl.load(E + (i_bh.to(tl.int64) * K + ks[:, None]) * V + vs[None, :], mask=mk[:, None] & mv[None, :],
+                        other=0.0), DOT)
+    for i_c in range(i_s * span, tl.minimum(i_s * span + span, nC)):
+        rows = i_c * BT + tl.arange(0, BT)
+        mrow = rows < L
+        qt = _decayed_q(q, g, carry, rows, mrow, ks, mk, i_b, i_c, i_h, nC, H, sq_b, sq_t, sq_h, sg_b, sg_t, sg_h,
+                        sg_k, KG, gb_mult, HAS_G, VEC_G)
+        corr = mm(operand(qt, DOT), e, DOT) * scale
+        optr = rows.to(tl.int64)[:, None] * so_t + vs[None, :]
+        m2 = mrow[:, None] & mv[None, :]
+        ot = tl.load(o + i_b.to(tl.int64) * so_b + i_h * so_h + optr, mask=m2, other=0.0).to(tl.float32)
+        tl.store(out + ((i_b.to(tl.int64) * L + rows.to(tl.int64)[:, None]) * H + i_h) * V + vs[None, :],
+                 (ot + corr).to(out.dtype.element_ty), mask=m2)
 
 
 @triton.jit
-def _entry_dq_kernel(q, g, carry, E, dc, dq, db_tot, db_carry, dg, L, H, K, V, nC, sq_b, sq_t, sq_h,
+def _entry_dq_kernel(q, g, carry, E, dc, dq, db_carry, dg, L, H, K, V, nC, span, sq_b, sq_t, sq_h,
                      sd_b, sd_t, sd_h, sg_b, sg_t, sg_h, sg_k, KG, gb_mult, scale,
                      BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, HAS_G: tl.constexpr,
-                     VEC_G: tl.constexpr, NEED_DG: tl.constexpr, TOTALS_ONLY: tl.constexpr, DOT: tl.constexpr):
-    """dq (and dg) of one chunk; TOTALS_ONLY: only each chunk's Σ_t d b_t (the carries of the reverse sum)."""
-    i_c, i_bh = tl.program_id(0), tl.program_id(1)
+                     VEC_G: tl.constexpr, NEED_DG: tl.constexpr, ACC: tl.constexpr, ONE_V: tl.constexpr,
+                     DOT: tl.constexpr):
+    """dq (and dg, from the later chunks' totals of d b in db_carry) over a span of chunks; ACC: added to what dq
+    and dg hold (the core's own gradients: no second buffer of the slice's size, no separate add). With all of V
+    in one block (ONE_V: BV >= V), Eᵀ is loaded once for the span."""
+    i_s, i_bh = tl.program_id(0), tl.program_id(1)
     i_b, i_h = i_bh // H, i_bh % H
-    rows = i_c * BT + tl.arange(0, BT)
-    mrow = rows < L
     ks = tl.arange(0, BK)
     mk = ks < K
-    acc = tl.zeros([BT, BK], dtype=tl.float32)
-    for v0 in range(0, V, BV):
-        vs = v0 + tl.arange(0, BV)
-        mv = vs < V
-        d = tl.load(dc + i_b.to(tl.int64) * sd_b + rows.to(tl.int64)[:, None] * sd_t + i_h * sd_h + vs[None, :],
-                    mask=mrow[:, None] & mv[None, :], other=0.0)
-        et = tl.load(E + (i_bh.to(tl.int64) * K + ks[None, :]) * V + vs[:, None], mask=mv[:, None] & mk[None, :],
-                     other=0.0)  # Eᵀ [BV, BK]
-        acc += mm(operand(d, DOT), et, DOT)
-    acc = acc * scale
-    if HAS_G:
-        acc = acc * _decay_weights(g, carry, rows, mrow, ks, mk, i_b * gb_mult, i_c, i_h, nC, H, sg_b, sg_t, sg_h,
-                                   sg_k, KG, VEC_G)
-    m2 = mrow[:, None] & mk[None, :]
-    if not TOTALS_ONLY:
-        tl.store(dq + ((i_b.to(tl.int64) * L + rows.to(tl.int64)[:, None]) * H + i_h) * K + ks[None, :],
-                 acc.to(dq.dtype.element_ty), mask=m2)
-    if NEED_DG:
-        qt = tl.load(q + i_b.to(tl.int64) * sq_b + rows.to(tl.int64)[:, None] * sq_t + i_h * sq_h + ks[None, :],
-                     mask=m2, other=0.0).to(tl.float32)
-        db = acc * qt
-        if VEC_G:
-            cidx = ((i_b * nC + i_c) * H + i_h) * KG + ks
-            if TOTALS_ONLY:
-                tl.store(db_tot + cidx, tl.sum(db, 0), mask=mk)
+    if ONE_V:
+        vs = tl.arange(0, BV)
+        et_all = operand(tl.load(E + (i_bh.to(tl.int64) * K + ks[None, :]) * V + vs[:, None],
+                                 mask=(vs < V)[:, None] & mk[None, :], other=0.0), DOT)  # Eᵀ [BV, BK]
+    for i_c in range(i_s * span, tl.minimum(i_s * span + span, nC)):
+        rows = i_c * BT + tl.arange(0, BT)
+        mrow = rows < L
+        acc = tl.zeros([BT, BK], dtype=tl.float32)
+        for v0 in range(0, V, BV):
+            vs = v0 + tl.arange(0, BV)
+            mv = vs < V
+            d = tl.load(dc + i_b.to(tl.int64) * sd_b + rows.to(tl.int64)[:, None] * sd_t + i_h * sd_h + vs[None, :],
+                        mask=mrow[:, None] & mv[None, :], other=0.0)
+            if ONE_V:
+                et = et_all
             else:
+                et = operand(tl.load(E + (i_bh.to(tl.int64) * K + ks[None, :]) * V + vs[:, None],
+                                     mask=mv[:, None] & mk[None, :], other=0.0), DOT)
+            acc += mm(operand(d, DOT), et, DOT)
+        acc = acc * scale
+        if HAS_G:
+            acc = acc * _decay_weights(g, carry, rows, mrow, ks, mk, i_b * gb_mult, i_c, i_h, nC, H, sg_b, sg_t,
+                                       sg_h, sg_k, KG, VEC_G)
+        m2 = mrow[:, None] & mk[None, :]
+        dq_ptr = dq + ((i_b.to(tl.int64) * L + rows.to(tl.int64)[:, None]) * H + i_h) * K + ks[None, :]
+        res = acc
+        if ACC:
+            res += tl.load(dq_ptr, mask=m2, other=0.0).to(tl.float32)
+        tl.store(dq_ptr, res.to(dq.dtype.element_ty), mask=m2)
+        if NEED_DG:
+            qt = tl.load(q + i_b.to(tl.int64) * sq_b + rows.to(tl.int64)[:, None] * sq_t + i_h * sq_h
+                         + ks[None, :], mask=m2, other=0.0).to(tl.float32)
+            db = acc * qt
+            if VEC_G:
+                cidx = ((i_b * nC + i_c) * H + i_h) * KG + ks
                 r = tl.cumsum(db, 0, reverse=True) + tl.load(db_carry + cidx, mask=mk, other=0.0)[None, :]
-                tl.store(dg + ((i_b.to(tl.int64) * L + rows.to(tl.int64)[:, None]) * H + i_h) * KG + ks[None, :],
-                         r, mask=m2)
-        else:
-            db1 = tl.sum(db, 1)
-            cidx = (i_b * nC + i_c) * H + i_h
-            if TOTALS_ONLY:
-                tl.store(db_tot + cidx, tl.sum(db1, 0))
+                dg_ptr = dg + ((i_b.to(tl.int64) * L + rows.to(tl.int64)[:, None]) * H + i_h) * KG + ks[None, :]
+                if ACC:
+                    r += tl.load(dg_ptr, mask=m2, other=0.0)
+                tl.store(dg_ptr, r, mask=m2)
             else:
-                r = tl.cumsum(db1, 0, reverse=True) + tl.load(db_carry + cidx)
-                tl.store(dg + (i_b.to(tl.int64) * L + rows.to(tl.int64)) * H + i_h, r, mask=mrow)
+                r = tl.cumsum(tl.sum(db, 1), 0, reverse=True) + tl.load(db_carry + (i_b * nC + i_c) * H + i_h)
+                dg_ptr = dg + (i_b.to(tl.int64) * L + rows.to(tl.int64)) * H + i_h
+                if ACC:
+                    r += tl.load(dg_ptr, mask=mrow, other=0.0)
+                tl.store(dg_ptr, r, mask=mrow)
 
 
 @triton.jit
-def _entry_de_kernel(q, g, carry, dc, part, L, H, K, V, nC, span, sq_b, sq_t, sq_h, sd_b, sd_t, sd_h,
-                     sg_b, sg_t, sg_h, sg_k, KG, gb_mult,
+def _entry_de_kernel(q, g, carry, E, dc, part, tot, L, H, K, V, nC, span, sq_b, sq_t, sq_h, sd_b, sd_t, sd_h,
+                     sg_b, sg_t, sg_h, sg_k, KG, gb_mult, scale,
                      BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, HAS_G: tl.constexpr,
-                     VEC_G: tl.constexpr, DOT: tl.constexpr):
-    """Σ over a span of chunks of (exp(b) ⊙ q)ᵀ dC, one [BK, BV] block: part [n_spans, B, H, K, V]."""
+                     VEC_G: tl.constexpr, NEED_TOT: tl.constexpr, DOT: tl.constexpr):
+    """Σ over a span of chunks of (exp(b) ⊙ q)ᵀ dC, one [BK, BV] block: part [n_spans, B, H, K, V]. NEED_TOT:
+    also each chunk's share of Σ_t d b_t, scale · Σ_v E ⊙ (its own (exp(b) ⊙ q)ᵀ dC), per K feature (vector
+    decay: tot [n V blocks, B, nC, H, K]) or summed over this block's K features too (tot [n blocks, B, nC, H]):
+    the carries of dg's reverse sum, without a pass of their own."""
     i_s, i_kv, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_b, i_h = i_bh // H, i_bh % H
     nV = tl.cdiv(V, BV)
     ks = (i_kv // nV) * BK + tl.arange(0, BK)
     vs = (i_kv % nV) * BV + tl.arange(0, BV)
     mk, mv = ks < K, vs < V
+    B = tl.num_programs(2) // H
+    if NEED_TOT:
+        e = tl.load(E + (i_bh.to(tl.int64) * K + ks[:, None]) * V + vs[None, :], mask=mk[:, None] & mv[None, :],
+                    other=0.0) * scale
     acc = tl.zeros([BK, BV], dtype=tl.float32)
     for i_c in range(i_s * span, tl.minimum(i_s * span + span, nC)):
         rows = i_c * BT + tl.arange(0, BT)
@@ -150,8 +171,14 @@ def _entry_de_kernel(q, g, carry, dc, part, L, H, K, V, nC, span, sq_b, sq_t, sq
                         sg_k, KG, gb_mult, HAS_G, VEC_G)
         d = tl.load(dc + i_b.to(tl.int64) * sd_b + rows.to(tl.int64)[:, None] * sd_t + i_h * sd_h + vs[None, :],
                     mask=mrow[:, None] & mv[None, :], other=0.0)
-        acc += mm(tl.trans(operand(qt, DOT)), operand(d, DOT), DOT)
-    B = tl.num_programs(2) // H
+        p = mm(tl.trans(operand(qt, DOT)), operand(d, DOT), DOT)
+        acc += p
+        if NEED_TOT:
+            t = tl.sum(p * e, 1)
+            if VEC_G:
+                tl.store(tot + ((((i_kv % nV) * B + i_b).to(tl.int64) * nC + i_c) * H + i_h) * K + ks, t, mask=mk)
+            else:
+                tl.store(tot + ((i_kv * B + i_b).to(tl.int64) * nC + i_c) * H + i_h, tl.sum(t, 0))
     tl.store(part + (((i_s * B + i_b).to(tl.int64) * H + i_h) * K + ks[:, None]) * V + vs[None, :], acc,
              mask=mk[:, None] & mv[None, :])
 
@@ -170,6 +197,27 @@ def _dot(*tensors):
     state can exceed (E enters the matmuls)."""
     code = dot_code(*tensors)
     return DOT_F32 if code == DOT_F16 else code
+
+
+# chunks per program and warps of the forward (0) and dq (1) kernels; ULA_ENTRY_TUNE="span,warps_fwd,warps_dq" for
+# a sweep on the GPU (benchmarks/gpu_cp_profile.py --phases)
+_TUNE = [int(x) for x in os.environ.get("ULA_ENTRY_TUNE", "4,4,8").split(",")]
+
+
+_MIN_PROGRAMS = 2048
+
+
+def _spans(nC, programs_per_span, which):
+    """(chunks per program, programs along the chunks, warps): a program loops over `span` chunks, so E is read
+    once per span, while the grid keeps >= ~_MIN_PROGRAMS programs."""
+    span = max(1, min(_TUNE[0], (nC * programs_per_span) // _MIN_PROGRAMS))
+    return span, cdiv(nC, span), _TUNE[1 + which]
+
+
+def _state_operand(E, dot):
+    """E as the matmuls read it: bfloat16 where they take bfloat16 operands (rounded once here, not in every
+    program, and half the bytes read), else as it is."""
+    return E.to(torch.bfloat16) if dot == DOT_BF16 else E
 
 
 def chunk_carry(g, L):
@@ -194,48 +242,73 @@ def entry_forward(q, g, E, o, scale, carry):
     g_, sg, KG, gbm, has_g, vec = _decay_args(g, q)
     BK, BV = block(K, 256), block(V, 64)
     nC = cdiv(L, BT)
-    launch(_entry_fwd_kernel, (nC, cdiv(V, BV), B * H), q, g_, carry if has_g else q, E, o, out, L, H, K, V, nC,
-           q.stride(0), q.stride(1), q.stride(2), o.stride(0), o.stride(1), o.stride(2), *sg, KG, gbm, scale,
-           BT=BT, BK=BK, BV=BV, HAS_G=has_g, VEC_G=vec, DOT=_dot(q, o))
+    dot = _dot(q, o)
+    span, n_spans, warps = _spans(nC, cdiv(V, BV) * B * H, 0)
+    launch(_entry_fwd_kernel, (n_spans, cdiv(V, BV), B * H), q, g_, carry if has_g else q, _state_operand(E, dot),
+           o, out, L, H, K, V, nC, span, q.stride(0), q.stride(1), q.stride(2), o.stride(0), o.stride(1),
+           o.stride(2), *sg, KG, gbm, scale, BT=BT, BK=BK, BV=BV, HAS_G=has_g, VEC_G=vec, DOT=dot,
+           num_warps=warps)
     return out
 
 
-def entry_backward(q, g, E, dc, scale, carry, need_q, need_g, need_e):
-    """(dq, dg [B|Bg-summed.., L, H, KG] float32 or None, dE float32) of `entry_forward` for dC = dc."""
+def entry_backward_e(q, g, E, dc, scale, carry, need_e, need_g):
+    """(dE float32 or None, the carries of dg's reverse sum or None): the dE kernel, which also forms each
+    chunk's total of d b when dg is wanted."""
     B, L, H, K = q.shape
     V = E.shape[-1]
     g_, sg, KG, gbm, has_g, vec = _decay_args(g, q)
     need_g = need_g and has_g
-    BK, BV = block(K, 256), block(V, 64)
+    if not (need_e or need_g):
+        return None, None
+    nC = cdiv(L, BT)
+    BK, BV = block(K, 64), block(V, 64)
+    nK, nV = cdiv(K, BK), cdiv(V, BV)
+    # ~4096 programs: a program's loop over its chunks is serial; the partial sums cost n_spans·B·H·K·V floats
+    n_spans = max(1, min(nC, cdiv(4096, nK * nV * B * H)))
+    span = cdiv(nC, n_spans)
+    n_spans = cdiv(nC, span)
+    part = alloc((n_spans, B, H, K, V), q.device)
+    tot = alloc((nV, B, nC, H, K) if vec else (nK * nV, B, nC, H, 1), q.device) if need_g else q
+    launch(_entry_de_kernel, (n_spans, nK * nV, B * H), q, g_, carry if has_g else q, E, dc, part, tot, L, H, K, V,
+           nC, span, q.stride(0), q.stride(1), q.stride(2), dc.stride(0), dc.stride(1), dc.stride(2), *sg, KG, gbm,
+           scale, BT=BT, BK=BK, BV=BV, HAS_G=has_g, VEC_G=vec, NEED_TOT=need_g, DOT=_dot(q, dc))
+    dE = part.sum(0) * scale if need_e else None
+    db_carry = None
+    if need_g:
+        tot = tot.sum(0)
+        db_carry = tot.sum(1, keepdim=True) - tot.cumsum(1)  # Σ over the later chunks
+    return dE, db_carry
+
+
+def entry_backward_q(q, g, E, dc, scale, carry, db_carry, dq=None, dg=None):
+    """(dq, dg [B, L, H, KG] float32 or None) from the carries of `entry_backward_e` (db_carry None: no dg).
+    dq / dg given (contiguous [B, L, H, K] in q's dtype / [B, L, H, KG] float32): added to in place."""
+    B, L, H, K = q.shape
+    V = E.shape[-1]
+    g_, sg, KG, gbm, has_g, vec = _decay_args(g, q)
+    need_g = db_carry is not None
+    acc = dq is not None
+    assert (dg is not None) == (acc and need_g), "accumulate into both gradients or into neither"
+    if not acc:
+        dq = alloc((B, L, H, K), q.device, q.dtype)
+        dg = alloc((B, L, H, KG), q.device) if need_g else None
     nC = cdiv(L, BT)
     dot = _dot(q, dc)
-    common = (L, H, K, V, nC, q.stride(0), q.stride(1), q.stride(2), dc.stride(0), dc.stride(1), dc.stride(2), *sg,
-              KG, gbm, scale)
-    meta = dict(BT=BT, BK=BK, BV=BV, HAS_G=has_g, VEC_G=vec, NEED_DG=need_g, DOT=dot)
-    cr = carry if has_g else q
-    dq = dg = dE = None
+    span, n_spans, warps = _spans(nC, B * H, 1)
+    launch(_entry_dq_kernel, (n_spans, B * H), q, g_, carry if has_g else q, _state_operand(E, dot), dc, dq,
+           db_carry if need_g else q, dg if need_g else q, L, H, K, V, nC, span, q.stride(0), q.stride(1),
+           q.stride(2), dc.stride(0), dc.stride(1), dc.stride(2), *sg, KG, gbm, scale, BT=BT, BK=block(K, 256),
+           BV=block(V, 128), HAS_G=has_g, VEC_G=vec, NEED_DG=need_g, ACC=acc, ONE_V=V <= block(V, 128), DOT=dot,
+           num_warps=warps)
+    return dq, dg if need_g else None
+
+
+def entry_backward(q, g, E, dc, scale, carry, need_q, need_g, need_e):
+    """(dq, dg [B|Bg-summed.., L, H, KG] float32 or None, dE float32) of `entry_forward` for dC = dc: the dE
+    kernel, then the dq kernel."""
+    need_g = need_g and g is not None
+    dE, db_carry = entry_backward_e(q, g, E, dc, scale, carry, need_e, need_g)
+    dq = dg = None
     if need_q or need_g:
-        dq = alloc((B, L, H, K), q.device, q.dtype) if need_q else q
-        db_carry = dg_out = q
-        if need_g:
-            tot = alloc((B, nC, H, KG), q.device)
-            launch(_entry_dq_kernel, (nC, B * H), q, g_, cr, E, dc, q, tot, q, q, *common, TOTALS_ONLY=True, **meta)
-            db_carry = tot.sum(1, keepdim=True) - tot.cumsum(1)  # Σ over the later chunks
-            dg_out = alloc((B, L, H, KG), q.device)
-        launch(_entry_dq_kernel, (nC, B * H), q, g_, cr, E, dc, dq, q, db_carry, dg_out, *common,
-               TOTALS_ONLY=False, **meta)
-        dq = dq if need_q else None
-        dg = dg_out if need_g else None
-    if need_e:
-        BKe, BVe = block(K, 64), block(V, 64)
-        n_kv = cdiv(K, BKe) * cdiv(V, BVe)
-        # ~4096 programs: a program's loop over its chunks is serial; the partial sums cost n_spans·B·H·K·V floats
-        n_spans = max(1, min(nC, cdiv(4096, n_kv * B * H)))
-        span = cdiv(nC, n_spans)
-        n_spans = cdiv(nC, span)
-        part = alloc((n_spans, B, H, K, V), q.device)
-        launch(_entry_de_kernel, (n_spans, n_kv, B * H), q, g_, cr, dc, part, L, H, K, V, nC, span,
-               q.stride(0), q.stride(1), q.stride(2), dc.stride(0), dc.stride(1), dc.stride(2), *sg, KG, gbm,
-               BT=BT, BK=BKe, BV=BVe, HAS_G=has_g, VEC_G=vec, DOT=dot)
-        dE = part.sum(0) * scale
-    return dq, dg, dE
+        dq, dg = entry_backward_q(q, g, E, dc, scale, carry, db_carry)
+    return dq if need_q else None, dg, dE
