@@ -4,7 +4,8 @@
 
 1. T = 262144, B = 1, H = 16, K = V = 128, bfloat16, forward + backward: the whole sequence on one GPU
    (rank 0 alone, cp_group=None) against half of it on each of 2 GPUs (cp_group = the world); median of
-   timed repetitions (CUDA events, after a barrier), peak memory per GPU (torch.cuda.max_memory_allocated).
+   timed repetitions (CUDA events, after a barrier) on every rank, the slowest rank's median the time (before
+   session 8 rank 0's was reported), peak memory per GPU (torch.cuda.max_memory_allocated).
 2. T = 1048576 on 2 GPUs, forward + backward (time, peak memory, finite gradients), and the output on a
    window across the rank boundary checked against the float64 reference run on that window from the state
    that enters it (computed by a single-GPU no-grad forward over the prefix).
@@ -116,9 +117,11 @@ def main():
                 torch.cuda.reset_peak_memory_stats(dev)
                 ms = timed(lambda: fwd_bwd(q, k, v, ld, world), args.reps, world)
                 peak = torch.cuda.max_memory_allocated(dev) / 2**30
-                peaks = [None] * R
+                peaks, mss = [None] * R, [None] * R
                 dist.all_gather_object(peaks, peak)
-                out = {"T": Tt, "ms_fwd_bwd": ms, "peak_GiB_per_gpu": peaks}
+                dist.all_gather_object(mss, ms)
+                # a step takes as long as its slowest rank (the next step's collectives wait for it)
+                out = {"T": Tt, "ms_fwd_bwd": max(mss), "ms_fwd_bwd_per_rank": mss, "peak_GiB_per_gpu": peaks}
                 if Tt == args.T_long:
                     out.update(check_long(kind, Tt, q, k, v, ld, s, dev, rank, R))
                 return out

@@ -26,6 +26,9 @@ ranks through the backward of the collective):
    passes (and two backward passes) of "zero-start pass for the state, then a real pass from S_in"
    (ula/core/cp_entry.py: its own backward, nothing of the slice's size kept in float32; on the Triton backend
    its own kernels, ula/core/triton/entry.py, which write nothing of the slice's size but the results).
+   Backward (eager runs, no right decay): o_loc + the term equals one core call from E, so the local pass's own
+   backward runs from E (op.BackwardInitialState) and forms every gradient of both; the term forms only E's,
+   first, as the previous rank waits for it (its dq and decay gradients would be a second pass over the slice).
 
 All-gather or a ring of send/recv: benchmarks/cp_collectives_cpu.py measures both communication patterns
 on CPU gloo (output beside it). There the ring is faster (e.g. 1 MiB state, 4 ranks: ~8 ms against ~23 ms
@@ -69,7 +72,8 @@ import torch.distributed as dist
 
 from .api import linear_attention
 from .checks import check_linear_attention
-from .cp_entry import add_entry_term, defer_entry_grads, entry_runs_triton
+from .cp_entry import add_entry_term
+from .op import BackwardInitialState, backward_initial_state
 
 __all__ = ["cp_linear_attention"]
 
@@ -236,6 +240,26 @@ def _gather_ints(vals, group, device):
     return back.view(R, -1).tolist()
 
 
+def _box(wanted, rd):
+    """For the local pass of a rank that a state enters (eager runs): the core's backward then runs from that
+    state (op.BackwardInitialState) and forms every gradient but the state's own, which the entry term forms
+    alone. Not with a right decay (its gradient reads the forward's output, which lacks the entry term), nor
+    under torch.compile (the core's custom op takes no box): the entry term then forms all its gradients."""
+    return BackwardInitialState() if wanted and rd is None and not torch.compiler.is_compiling() else None
+
+
+def _entering_rows(E, h0_rows, n_pieces, entry):
+    """The initial state of the local pass's backward: E [Bs, H, K, V] without varlen; with it one row per piece,
+    the initial state's rows of the pieces that start here (h0_rows, or zeros) and E in the entry piece's row."""
+    E = E.detach()
+    if n_pieces == 1 and h0_rows is None:
+        return E.contiguous()
+    rows = (h0_rows.detach().to(E.dtype).clone() if h0_rows is not None
+            else E.new_zeros((n_pieces,) + tuple(E.shape[1:])))
+    rows[entry] = E[0]
+    return rows
+
+
 def slice_plans(lengths, c, reverse, has_h0, who):
     """From the slice lengths of all ranks (rank order), the global offsets c (None without varlen) and which
     ranks pass an initial state: (the plan of every rank (see `_plan`), the global start of every slice)."""
@@ -319,12 +343,11 @@ def cp_linear_attention(q, k, v, ld=None, rd=None, *, cp_group, scale=None, init
         # the initial state, every other from zero). An error here is raised on every rank by `agree`.
         try:
             first = rank == (R - 1 if reverse else 0)
-            if needs_grad and not first and entry_runs_triton(q, rd, reverse, backend):
-                # the entry term's dq, dg join the core's after its backward (cp_entry.DeferredGrads)
-                q, ld, box = defer_entry_grads(q, ld, (0, T))
-            local_out = linear_attention(q, k, v, ld, rd, scale=scale, initial_state=initial_state if first else None,
-                                     output_final_state=True, chunk_size=chunk_size, backend=backend,
-                                     reverse=reverse)
+            box = _box(needs_grad and not first, rd)
+            with backward_initial_state(box):
+                local_out = linear_attention(q, k, v, ld, rd, scale=scale,
+                                             initial_state=initial_state if first else None, output_final_state=True,
+                                             chunk_size=chunk_size, backend=backend, reverse=reverse)
         except (TypeError, ValueError, RuntimeError) as e:
             err = e
     metas = agree(cp_group, err, list(zip(names, vals)), own, q.device, who)
@@ -342,16 +365,15 @@ def cp_linear_attention(q, k, v, ld=None, rd=None, *, cp_group, scale=None, init
     if local_out is not None:
         assert me["starts"] == [first], "the early local pass assumed another plan"
     else:  # varlen (without it the local pass ran above, or `agree` raised)
-        if needs_grad and me["cross"] and entry_runs_triton(q, rd, reverse, backend):
-            _, a0, b0 = pieces[me["entry"]]
-            q, ld, box = defer_entry_grads(q, ld, (a0, b0))
+        box = _box(needs_grad and me["cross"], rd)
         h0_loc = None
         if initial_state is not None and any(me["starts"]):
             rows = [initial_state[n] if st else torch.zeros_like(initial_state[n])
                     for (n, _, _), st in zip(pieces, me["starts"])]
             h0_loc = torch.stack(rows)
-        local_out = linear_attention(q, k, v, ld, rd, scale=scale, initial_state=h0_loc, output_final_state=True,
-                                 cu_seqlens=cu_loc, chunk_size=chunk_size, backend=backend, reverse=reverse)
+        with backward_initial_state(box):
+            local_out = linear_attention(q, k, v, ld, rd, scale=scale, initial_state=h0_loc, output_final_state=True,
+                                         cu_seqlens=cu_loc, chunk_size=chunk_size, backend=backend, reverse=reverse)
     o, F_loc = local_out
     Bs = 1 if varlen else B  # batch of the state rows: one per piece with varlen, B without
     F_loc = F_loc.to(sdt).reshape(len(pieces), Bs, H, K, V)
@@ -359,9 +381,13 @@ def cp_linear_attention(q, k, v, ld=None, rd=None, *, cp_group, scale=None, init
     # total log decays of the entry piece (the whole slice when the state passes through)
     _, a0, b0 = pieces[me["entry"]]
     gl = _canonical_left(ld, T)
+    if box is not None:  # the core's backward, from the entering state, forms the decays' gradients of D ⊙ E
+        gl, rd_ = (None if gl is None else gl.detach()), (None if rd is None else rd.detach())
+    else:
+        rd_ = rd
     L0 = (gl[:, a0:b0].sum(1, dtype=sdt).expand(Bs, H, K) if gl is not None
           else torch.zeros(Bs, H, K, dtype=sdt, device=q.device))
-    R0 = rd[:, a0:b0].sum(1, dtype=sdt) if rd is not None else torch.zeros(Bs, H, V, dtype=sdt, device=q.device)
+    R0 = rd_[:, a0:b0].sum(1, dtype=sdt) if rd is not None else torch.zeros(Bs, H, V, dtype=sdt, device=q.device)
 
     # 2. one all-gather of (state rows, L0, R0): all piece states when the final states are wanted, else the exit one
     ofs = bool(output_final_state)
@@ -395,8 +421,11 @@ def cp_linear_attention(q, k, v, ld=None, rd=None, *, cp_group, scale=None, init
     # 4. the correction of this rank's entry piece by the state that enters it
     Ein = E_in[rank]
     if Ein is not None:
-        piece = add_entry_term(o[:, a0:b0], q[:, a0:b0], gl[:, a0:b0] if gl is not None else None,
-                               rd[:, a0:b0] if rd is not None else None, Ein, scale, reverse, backend, box)
+        qe = q if box is None else q.detach()
+        piece = add_entry_term(o[:, a0:b0], qe[:, a0:b0], gl[:, a0:b0] if gl is not None else None,
+                               rd_[:, a0:b0] if rd is not None else None, Ein, scale, reverse, backend)
+        if box is not None:
+            box.value = _entering_rows(Ein, h0_loc if varlen else None, len(pieces), me["entry"])
         o = piece if (a0, b0) == (0, T) else torch.cat([o[:, :a0], piece, o[:, b0:]], 1)
     if needs_grad:
         o = tie(o, G)

@@ -73,7 +73,7 @@ class _EntryTerm(torch.autograd.Function):
                 corr = torch.einsum("blhk,bhkv->blhv", ql, Em).to(sdt)
                 drd = _cum_log_adjoint((dC * corr * scale).sum_to_size(rd.shape), reverse).to(rd.dtype)
         dC = dC.to(mm)
-        dql = torch.einsum("blhv,bhkv->blhk", dC, Em) * scale
+        dql = torch.einsum("blhv,bhkv->blhk", dC, Em) * scale if any(ctx.needs_input_grad[:2]) else None
         dE = (torch.einsum("blhk,blhv->bhkv", ql, dC) * scale).to(E.dtype) if ctx.needs_input_grad[3] else None
         dgl = None
         if gl is not None and ctx.needs_input_grad[1]:
@@ -92,121 +92,37 @@ def entry_term(q, gl, rd, E, scale, reverse):
 
 
 class _EntryTermTriton(torch.autograd.Function):
-    """o + corr through the kernels of ula/core/triton/entry.py (left decays, forward direction). With a
-    `DeferredGrads` box, q and gl come in detached: the backward forms dE (wanted first, by the previous rank)
-    and leaves dq, dg to the box, which adds them to the core's own gradients once those exist."""
+    """o + corr through the kernels of ula/core/triton/entry.py (left decays, forward direction)."""
 
     @staticmethod
-    def forward(ctx, o, q, gl, E, scale, box):
+    def forward(ctx, o, q, gl, E, scale):
         from .triton.entry import chunk_carry, entry_forward
         carry = None if gl is None else chunk_carry(gl, q.shape[1])
         E = E.contiguous()
         ctx.save_for_backward(q, gl, E, carry)
-        ctx.scale, ctx.box = scale, box
+        ctx.scale = scale
         return entry_forward(q, gl, E, o, scale, carry)
 
     @staticmethod
     def backward(ctx, dout):
-        from .triton.entry import entry_backward, entry_backward_e
+        from .triton.entry import entry_backward
         q, gl, E, carry = ctx.saved_tensors
         if dout.stride(-1) != 1:
             dout = dout.contiguous()
         need = ctx.needs_input_grad
-        box = ctx.box
-        if box is not None:
-            dE, db_carry = entry_backward_e(q, gl, E, dout, ctx.scale, carry, need[3], box.need_g)
-            box.work = (q, gl, E, dout, ctx.scale, carry, db_carry)
-            return dout, None, None, None if dE is None else dE.to(E.dtype), None, None
         dq, dg, dE = entry_backward(q, gl, E, dout, ctx.scale, carry, need[1], need[2], need[3])
         dg = None if dg is None else dg.sum_to_size(gl.shape).to(gl.dtype)
-        return dout, dq, dg, None if dE is None else dE.to(E.dtype), None, None
-
-
-class DeferredGrads:
-    """The entry term's dq and dg, carried from its backward to the end of the core's (`defer_entry_grads`).
-    Autograd would hold them ([L, H, K] float32 for a vector decay: gigabytes) through the whole backward of the
-    core, which runs after the entry term's; here they are added to the core's gradients in place (the dq
-    kernel's ACC mode) once the core's backward is done, when its temporaries are gone."""
-
-    def __init__(self, piece, ld, need_q):
-        self.piece, self.ld_dim, self.need_q = piece, None if ld is None else ld.dim(), need_q
-        self.need_g = ld is not None and ld.requires_grad
-        self.work = None
-
-    def finish(self, dq, dld):
-        """The core's (dq, dld) with the entry term's added (in place where their layout allows)."""
-        from .triton.entry import entry_backward_q
-        work, self.work = self.work, None
-        if work is None:
-            return dq, dld
-        q, gl, E, dc, scale, carry, db_carry = work
-        a0, b0 = self.piece
-        B, L, H = dc.shape[:3]
-        need_g = db_carry is not None
-        # in place where the core's gradient has the kernel's layout; else into zeros, added below
-        dq_t = dq[:, a0:b0] if dq is not None else None
-        dq_ok = dq_t is not None and dq_t.is_contiguous() and dq_t.dtype == q.dtype
-        dq_buf = dq_t if dq_ok else torch.zeros(B, L, H, q.shape[-1], dtype=q.dtype, device=q.device)
-        dg_ok, dg_buf = False, None
-        if need_g:
-            if dld is not None and self.ld_dim in (3, 4) and dld.dtype == torch.float32:
-                dg_t = dld[:, a0:b0] if self.ld_dim == 4 else dld[:, a0:b0].unsqueeze(-1)
-                dg_ok = dg_t.is_contiguous() and dg_t.shape[0] == B
-            dg_buf = dg_t if dg_ok else torch.zeros(B, L, H, gl.shape[-1], dtype=torch.float32, device=q.device)
-        entry_backward_q(q, gl, E, dc, scale, carry, db_carry, dq_buf, dg_buf)
-        if self.need_q and not dq_ok and dq is not None:  # (q needs its gradient: the core forms one)
-            dq = dq.clone()
-            dq[:, a0:b0] += dq_buf
-        if need_g and not dg_ok and dld is not None:
-            eg = dg_buf.sum_to_size(gl.shape)  # [B|1, L, H, K|1]
-            dld = dld.clone()
-            if self.ld_dim == 1:
-                dld += eg.sum((0, 1, 3)).to(dld.dtype)
-            else:
-                dld[:, a0:b0] += (eg if self.ld_dim == 4 else eg.squeeze(-1)).to(dld.dtype)
-        return dq, dld
-
-
-class _DeferEntryGrads(torch.autograd.Function):
-    """q (and ld) unchanged; the backward hands the core's gradients to the box, which adds the entry term's."""
-
-    @staticmethod
-    def forward(ctx, box, q, *ld):
-        ctx.box = box
-        return (q.view_as(q),) + tuple(x.view_as(x) for x in ld)
-
-    @staticmethod
-    def backward(ctx, dq, *dld):
-        dq, d = ctx.box.finish(dq, dld[0] if dld else None)
-        return (None, dq) + ((d,) if dld else ())
-
-
-def defer_entry_grads(q, ld, piece):
-    """(q, ld, box): views of q and ld to give the core call, and the box to give `add_entry_term`, so that the
-    entry term's dq and dg are added to the core's in place after its backward (`DeferredGrads`)."""
-    box = DeferredGrads(piece, ld, q.requires_grad)
-    if ld is None:
-        return _DeferEntryGrads.apply(box, q)[0], None, box
-    q, ld = _DeferEntryGrads.apply(box, q, ld)
-    return q, ld, box
-
-
-def entry_runs_triton(q, rd, reverse, backend):
-    """Whether the entry term takes its Triton kernels (left decays, forward direction, K <= 256, not float64,
-    where the core runs Triton)."""
-    return (rd is None and not reverse and q.dtype != torch.float64 and q.shape[-1] <= ENTRY_KERNEL_MAX_K
-            and runs_triton(backend, q.device))
+        return dout, dq, dg, None if dE is None else dE.to(E.dtype), None
 
 
 ENTRY_KERNEL_MAX_K = 256  # the kernels hold all of K in one tile (ula/core/triton/entry.py)
 
 
-def add_entry_term(o, q, gl, rd, E, scale, reverse, backend, box=None):
-    """o + corr (o [B, L, H, V], the slice's entry piece): the Triton kernels where the core runs them
-    (`entry_runs_triton`), the PyTorch form above otherwise. box: from `defer_entry_grads` (Triton only)."""
-    if entry_runs_triton(q, rd, reverse, backend):
-        if box is not None:
-            q, gl = q.detach(), None if gl is None else gl.detach()
-        return _EntryTermTriton.apply(o, q, gl, E, float(scale), box)
-    assert box is None, "the deferred gradients are for the Triton form"
+def add_entry_term(o, q, gl, rd, E, scale, reverse, backend):
+    """o + corr (o [B, L, H, V], the slice's entry piece): the Triton kernels where the core runs them (left
+    decays, forward direction, K <= 256; float64 stays in PyTorch), the PyTorch form above otherwise. Inputs
+    given detached get no gradient (only E's is formed: context_parallel.py leaves the others to the core)."""
+    if (rd is None and not reverse and q.dtype != torch.float64 and q.shape[-1] <= ENTRY_KERNEL_MAX_K
+            and runs_triton(backend, q.device)):
+        return _EntryTermTriton.apply(o, q, gl, E, float(scale))
     return o + entry_term(q, gl, rd, E, scale, reverse).to(o.dtype)

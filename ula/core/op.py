@@ -7,6 +7,7 @@
 `run` picks the first while compiling and the second otherwise.
 
 Custom ops cannot return None: absent optional outputs are empty tensors here and become None outside."""
+import contextlib
 from typing import List, Optional, Tuple
 
 import torch
@@ -79,9 +80,37 @@ def _setup_context(ctx, inputs, output):
     ctx.cfg = (scale, reverse, chunk_size, backend)
 
 
+class BackwardInitialState:
+    """A state that the backward of an eager core call uses as its initial state where the forward had none (or
+    others): `value` is set after the call, before its backward. Context parallelism (context_parallel.py) runs
+    a slice from a zero state (its entering state is not known yet) and adds that state's share of the outputs
+    apart; the gradients of the sum are those of one call from the entering state, so the core's own backward,
+    given it, forms them all (no separate pass for the entry term's dq and decay gradients)."""
+
+    def __init__(self):
+        self.value = None
+
+
+_NEXT_BOX = [None]  # set by `backward_initial_state` for the eager calls inside it
+
+
+@contextlib.contextmanager
+def backward_initial_state(box):
+    """The eager core calls inside take `box` (a BackwardInitialState) for their backward's initial state."""
+    _NEXT_BOX[0] = box
+    try:
+        yield box
+    finally:
+        _NEXT_BOX[0] = None
+
+
 def _grads(ctx, do, dS, bwd):
     q, k, v, ld, rd, h0, o, cu, kg = ctx.saved_tensors
     scale, reverse, chunk_size, backend = ctx.cfg
+    box = getattr(ctx, "h0_box", None)
+    h0_in = h0
+    if box is not None and box.value is not None:
+        h0 = box.value
     need_ld = ld is not None and ctx.needs_input_grad[3]
     need_rd = rd is not None and ctx.needs_input_grad[4]
     if do is None:  # only the final state was used (eager calls do not materialize zero gradients)
@@ -90,7 +119,7 @@ def _grads(ctx, do, dS, bwd):
             kg)
     dld = g[3] if need_ld else None
     drd = g[4] if need_rd else None
-    dh0 = g[5] if h0 is not None else None
+    dh0 = g[5] if h0_in is not None else None
     dkg = g[6] if kg is not None else None
     return g[0], g[1], g[2], dld, drd, dh0, None, None, None, None, None, dkg
 
@@ -107,6 +136,7 @@ class _Eager(torch.autograd.Function):
     def forward(ctx, *inputs):
         out = _forward(*inputs)
         _setup_context(ctx, inputs, out)
+        ctx.h0_box = _NEXT_BOX[0]
         ctx.mark_non_differentiable(out[2])
         # an unused final state gets None, not a zero tensor (a fill per backward; the kernels skip a None dS)
         ctx.set_materialize_grads(False)

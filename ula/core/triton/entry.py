@@ -7,14 +7,16 @@ to the slice's outputs. The PyTorch form materializes exp(b) and its products in
 b is a chunk-local cumulative sum in registers plus a carry per chunk (a cumulative sum over the chunks' totals,
 [.., n_chunks, H, K]), so the slice is read a few times and nothing of its size is written but the results.
 
-Forward (`entry_forward`): out = o + corr, one kernel, parallel over chunks, V blocks and (batch, head).
+Forward (`entry_forward`): out = o + corr, one kernel, parallel over spans of chunks, V blocks and (batch, head).
 Backward (`entry_backward`), for dC = d out:
+    dE = scale · Σ_t (exp(b_t) ⊙ q_t) dC_tᵀ                  (`_entry_de_kernel`: spans of chunks per program,
+                                                              partial sums added over the spans; with dg wanted
+                                                              it also sums each chunk's d b, below, from its
+                                                              own share of dE)
     dq_t = scale · exp(b_t) ⊙ (E dC_t)                       (`_entry_dq_kernel`)
     d b_t = dq_t ⊙ q_t,   dg_s = Σ_{t>=s} d b_t              (the same kernel: a chunk-local reverse cumulative
-                                                              sum plus the later chunks' totals, from a first
-                                                              run of it that only sums each chunk)
-    dE = scale · Σ_t (exp(b_t) ⊙ q_t) dC_tᵀ                  (`_entry_de_kernel`: spans of chunks per program,
-                                                              partial sums added over the spans)
+                                                              sum plus the later chunks' totals)
+Context parallelism's eager runs ask for dE alone (the core's backward forms the rest, context_parallel.py).
 Forward direction and left decays only (no decay, constant, scalar, vector); the caller keeps the PyTorch form
 for right decays and reverse=True."""
 import os
@@ -87,11 +89,9 @@ def _entry_fwd_kernel(q, g, carry, E, o, out, L, H, K, V, nC, span, sq_b, sq_t, 
 def _entry_dq_kernel(q, g, carry, E, dc, dq, db_carry, dg, L, H, K, V, nC, span, sq_b, sq_t, sq_h,
                      sd_b, sd_t, sd_h, sg_b, sg_t, sg_h, sg_k, KG, gb_mult, scale,
                      BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, HAS_G: tl.constexpr,
-                     VEC_G: tl.constexpr, NEED_DG: tl.constexpr, ACC: tl.constexpr, ONE_V: tl.constexpr,
-                     DOT: tl.constexpr):
-    """dq (and dg, from the later chunks' totals of d b in db_carry) over a span of chunks; ACC: added to what dq
-    and dg hold (the core's own gradients: no second buffer of the slice's size, no separate add). With all of V
-    in one block (ONE_V: BV >= V), Eᵀ is loaded once for the span."""
+                     VEC_G: tl.constexpr, NEED_DG: tl.constexpr, ONE_V: tl.constexpr, DOT: tl.constexpr):
+    """dq (and dg, from the later chunks' totals of d b in db_carry) over a span of chunks. With all of V in one
+    block (ONE_V: BV >= V), Eᵀ is loaded once for the span."""
     i_s, i_bh = tl.program_id(0), tl.program_id(1)
     i_b, i_h = i_bh // H, i_bh % H
     ks = tl.arange(0, BK)
@@ -120,11 +120,8 @@ def _entry_dq_kernel(q, g, carry, E, dc, dq, db_carry, dg, L, H, K, V, nC, span,
             acc = acc * _decay_weights(g, carry, rows, mrow, ks, mk, i_b * gb_mult, i_c, i_h, nC, H, sg_b, sg_t,
                                        sg_h, sg_k, KG, VEC_G)
         m2 = mrow[:, None] & mk[None, :]
-        dq_ptr = dq + ((i_b.to(tl.int64) * L + rows.to(tl.int64)[:, None]) * H + i_h) * K + ks[None, :]
-        res = acc
-        if ACC:
-            res += tl.load(dq_ptr, mask=m2, other=0.0).to(tl.float32)
-        tl.store(dq_ptr, res.to(dq.dtype.element_ty), mask=m2)
+        tl.store(dq + ((i_b.to(tl.int64) * L + rows.to(tl.int64)[:, None]) * H + i_h) * K + ks[None, :],
+                 acc.to(dq.dtype.element_ty), mask=m2)
         if NEED_DG:
             qt = tl.load(q + i_b.to(tl.int64) * sq_b + rows.to(tl.int64)[:, None] * sq_t + i_h * sq_h
                          + ks[None, :], mask=m2, other=0.0).to(tl.float32)
@@ -132,16 +129,11 @@ def _entry_dq_kernel(q, g, carry, E, dc, dq, db_carry, dg, L, H, K, V, nC, span,
             if VEC_G:
                 cidx = ((i_b * nC + i_c) * H + i_h) * KG + ks
                 r = tl.cumsum(db, 0, reverse=True) + tl.load(db_carry + cidx, mask=mk, other=0.0)[None, :]
-                dg_ptr = dg + ((i_b.to(tl.int64) * L + rows.to(tl.int64)[:, None]) * H + i_h) * KG + ks[None, :]
-                if ACC:
-                    r += tl.load(dg_ptr, mask=m2, other=0.0)
-                tl.store(dg_ptr, r, mask=m2)
+                tl.store(dg + ((i_b.to(tl.int64) * L + rows.to(tl.int64)[:, None]) * H + i_h) * KG + ks[None, :],
+                         r, mask=m2)
             else:
                 r = tl.cumsum(tl.sum(db, 1), 0, reverse=True) + tl.load(db_carry + (i_b * nC + i_c) * H + i_h)
-                dg_ptr = dg + (i_b.to(tl.int64) * L + rows.to(tl.int64)) * H + i_h
-                if ACC:
-                    r += tl.load(dg_ptr, mask=mrow, other=0.0)
-                tl.store(dg_ptr, r, mask=mrow)
+                tl.store(dg + (i_b.to(tl.int64) * L + rows.to(tl.int64)) * H + i_h, r, mask=mrow)
 
 
 @triton.jit
@@ -280,27 +272,23 @@ def entry_backward_e(q, g, E, dc, scale, carry, need_e, need_g):
     return dE, db_carry
 
 
-def entry_backward_q(q, g, E, dc, scale, carry, db_carry, dq=None, dg=None):
-    """(dq, dg [B, L, H, KG] float32 or None) from the carries of `entry_backward_e` (db_carry None: no dg).
-    dq / dg given (contiguous [B, L, H, K] in q's dtype / [B, L, H, KG] float32): added to in place."""
+def entry_backward_q(q, g, E, dc, scale, carry, db_carry):
+    """(dq, dg [B, L, H, KG] float32 or None) from the carries of `entry_backward_e` (db_carry None: no dg)."""
     B, L, H, K = q.shape
     V = E.shape[-1]
     g_, sg, KG, gbm, has_g, vec = _decay_args(g, q)
     need_g = db_carry is not None
-    acc = dq is not None
-    assert (dg is not None) == (acc and need_g), "accumulate into both gradients or into neither"
-    if not acc:
-        dq = alloc((B, L, H, K), q.device, q.dtype)
-        dg = alloc((B, L, H, KG), q.device) if need_g else None
+    dq = alloc((B, L, H, K), q.device, q.dtype)
+    dg = alloc((B, L, H, KG), q.device) if need_g else None
     nC = cdiv(L, BT)
     dot = _dot(q, dc)
     span, n_spans, warps = _spans(nC, B * H, 1)
     launch(_entry_dq_kernel, (n_spans, B * H), q, g_, carry if has_g else q, _state_operand(E, dot), dc, dq,
            db_carry if need_g else q, dg if need_g else q, L, H, K, V, nC, span, q.stride(0), q.stride(1),
            q.stride(2), dc.stride(0), dc.stride(1), dc.stride(2), *sg, KG, gbm, scale, BT=BT, BK=block(K, 256),
-           BV=block(V, 128), HAS_G=has_g, VEC_G=vec, NEED_DG=need_g, ACC=acc, ONE_V=V <= block(V, 128), DOT=dot,
+           BV=block(V, 128), HAS_G=has_g, VEC_G=vec, NEED_DG=need_g, ONE_V=V <= block(V, 128), DOT=dot,
            num_warps=warps)
-    return dq, dg if need_g else None
+    return dq, dg
 
 
 def entry_backward(q, g, E, dc, scale, carry, need_q, need_g, need_e):
