@@ -212,6 +212,12 @@ def _state_operand(E, dot):
     return E.to(torch.bfloat16) if dot == DOT_BF16 else E
 
 
+def _cumsum_chunks(t):
+    """Cumulative sum along dim 1 of [Bg, n, H, KG], run along the last (contiguous) dim: PyTorch's scan along an
+    outer dim runs one thread per column, ~0.35 ms for n = 2048 and 16 columns on an H200 (session 8 profile)."""
+    return t.movedim(1, -1).contiguous().cumsum(-1).movedim(-1, 1).contiguous()
+
+
 def chunk_carry(g, L):
     """The exclusive cumulative sum over chunks of BT steps of g's chunk totals, float32 [Bg, n_chunks, H, KG]."""
     Bg, _, H, KG = g.shape
@@ -221,7 +227,7 @@ def chunk_carry(g, L):
         tot[:, :full] = g[:, :full * BT].reshape(Bg, full, BT, H, KG).sum(2, dtype=torch.float32)
     if full < nC:
         tot[:, full] = g[:, full * BT:].sum(1, dtype=torch.float32)
-    return tot.cumsum(1) - tot
+    return _cumsum_chunks(tot) - tot
 
 
 def entry_forward(q, g, E, o, scale, carry):
@@ -268,7 +274,7 @@ def entry_backward_e(q, g, E, dc, scale, carry, need_e, need_g):
     db_carry = None
     if need_g:
         tot = tot.sum(0)
-        db_carry = tot.sum(1, keepdim=True) - tot.cumsum(1)  # Σ over the later chunks
+        db_carry = tot.sum(1, keepdim=True) - _cumsum_chunks(tot)  # Σ over the later chunks
     return dE, db_carry
 
 

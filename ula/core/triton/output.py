@@ -263,10 +263,11 @@ def _output_kernel(q, k, v, b, c, u, border, h0, o, dg_a, dg_out, du_out, n_bord
             mkv = mk[:, None] & mv[None, :]
             if REVERSE:
                 st = tl.load(s_ptr + kv_off, mask=mkv, other=0.0).to(tl.float32)
+            elif HAS_H0:  # h0 in the border states' dtype: one load from either (two masked loads and an add
+                # in float32 made the dQ pass with an initial state ~2x slower on an H200, session 8)
+                st = tl.load(tl.where(first, h_ptr, s_ptr) + kv_off, mask=mkv, other=0.0).to(tl.float32)
             else:
                 st = tl.load(s_ptr + kv_off, mask=mkv & from_border, other=0.0).to(tl.float32)
-                if HAS_H0:
-                    st += tl.load(h_ptr + kv_off, mask=mkv & first, other=0.0)
             acc += mm(qt, st, DOT)
             if ONES:
                 nt = tl.load(nb_ptr + kc, mask=mk & from_border, other=0.0).to(tl.float32)
@@ -424,6 +425,9 @@ def chunk_output(q, k, v, b, c, border, h0, scale, layout, reverse, dot, out_dty
         # the scores stay live for their row sums or take the rank-one term: at 4 warps 64-row tiles spill
         # ~460 / ~200 B per thread on sm_90, none at 8 (tests/offline_compile.py)
         W = 8
+    if h0 is not None and h0.dtype != border.dtype:
+        # read like the border states (the matmul rounds both to its operand type alike)
+        h0 = h0.to(border.dtype)
     grid = (layout.n * (C // BT), cdiv(V, BV), B * H)  # axes 1 and 2 stop at 65535
     launch(_output_kernel, grid, q, k, v, b if b is not None else dummy, c if c is not None else dummy,
            gate if gate is not None else dummy, border, h0 if h0 is not None else dummy, o, dg_a,
