@@ -381,13 +381,12 @@ def cp_linear_attention(q, k, v, ld=None, rd=None, *, cp_group, scale=None, init
     # total log decays of the entry piece (the whole slice when the state passes through)
     _, a0, b0 = pieces[me["entry"]]
     gl = _canonical_left(ld, T)
-    if box is not None:  # the core's backward, from the entering state, forms the decays' gradients of D ⊙ E
-        gl, rd_ = (None if gl is None else gl.detach()), (None if rd is None else rd.detach())
-    else:
-        rd_ = rd
+    if box is not None and gl is not None:
+        # the core's backward, from the entering state, forms the decay's gradient of D ⊙ E and of the entry term
+        gl = gl.detach()
     L0 = (gl[:, a0:b0].sum(1, dtype=sdt).expand(Bs, H, K) if gl is not None
           else torch.zeros(Bs, H, K, dtype=sdt, device=q.device))
-    R0 = rd_[:, a0:b0].sum(1, dtype=sdt) if rd is not None else torch.zeros(Bs, H, V, dtype=sdt, device=q.device)
+    R0 = rd[:, a0:b0].sum(1, dtype=sdt) if rd is not None else torch.zeros(Bs, H, V, dtype=sdt, device=q.device)
 
     # 2. one all-gather of (state rows, L0, R0): all piece states when the final states are wanted, else the exit one
     ofs = bool(output_final_state)
@@ -423,7 +422,7 @@ def cp_linear_attention(q, k, v, ld=None, rd=None, *, cp_group, scale=None, init
     if Ein is not None:
         qe = q if box is None else q.detach()
         piece = add_entry_term(o[:, a0:b0], qe[:, a0:b0], gl[:, a0:b0] if gl is not None else None,
-                               rd_[:, a0:b0] if rd is not None else None, Ein, scale, reverse, backend)
+                               rd[:, a0:b0] if rd is not None else None, Ein, scale, reverse, backend)
         if box is not None:
             box.value = _entering_rows(Ein, h0_loc if varlen else None, len(pieces), me["entry"])
         o = piece if (a0, b0) == (0, T) else torch.cat([o[:, :a0], piece, o[:, b0:]], 1)
