@@ -76,12 +76,14 @@ def fused_backward(q, k, v, ld, h0, do, dS, scale, cu_seqlens, rev, C, need_ld, 
                      ones=on, n0=dnf, e=e)
     g_border, dh0 = g[0], g[1]
     g_n, dn0 = g[3] if on else (None, None)
+    del g  # the tuple would keep g_border alive past its `del` below (one border-sized buffer at the peak)
     # the forward's states (the dQ pass's), and the decay gradient's border terms against the state gradients
     f = chunk_states(k, v, b_fwd, None, h0f, layout, rev, dot_w, f32 if wide else half,
                      partner=g_border if need_ld else None, gate=u, ones=on, n0=n0f,
                      partner_n=g_n if need_ld else None)
     f_border, X = f[0], f[2]
     f_n = f[3][0] if on else None
+    del f
     # a right decay in the dQ and dK passes; one value per step commutes and is carried on the left
     left_q, right_q = (None, b_fwd) if vec else (b_fwd, None)
     left_k, right_k = (None, b_bwd) if vec else (b_bwd, None)
