@@ -15,9 +15,11 @@ from .utils import alloc, block, cdiv, launch
 
 
 @triton.jit
-def _decay_grad_kernel(db, X, g, out, starts, ends, T, H, D, DP, n, NP, NX, slab, sg_b, sg_t, sg_h, sg_d, sign, floor,
-                       C: tl.constexpr, BR: tl.constexpr, BD: tl.constexpr, BDP: tl.constexpr, SUM_D: tl.constexpr,
-                       BOUNDS: tl.constexpr, HAS_MASK: tl.constexpr):
+def _decay_grad_kernel(db, X, g, out, starts, ends, a, da, x, dx, T, H, D, DP, n, NP, NX, slab, sg_b, sg_t, sg_h,
+                       sg_d, sign, floor, C: tl.constexpr, BR: tl.constexpr, BD: tl.constexpr, BDP: tl.constexpr,
+                       SUM_D: tl.constexpr, BOUNDS: tl.constexpr, HAS_MASK: tl.constexpr, FORM: tl.constexpr):
+    """FORM (per-feature decays): db_t = a_t ⊙ da_t − x_t ⊙ dx_t formed here from the four [B, T, H, D] tensors
+    (contiguous, any float dtype), not read from slabs."""
     i_c, i_d, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)  # chunks on axis 0 (up to 2^31)
     i_b, i_h = i_bh // H, i_bh % H
     if BOUNDS:
@@ -55,11 +57,15 @@ def _decay_grad_kernel(db, X, g, out, starts, ends, T, H, D, DP, n, NP, NX, slab
         else:
             m = mr[:, None] & mcol[None, :]
             off = row_off[:, None] * D + cols[None, :]
-            t = tl.zeros([BR, BD], dtype=tl.float32)
-            slab_ptr = db
-            for _ in range(NP):
-                t += tl.load(slab_ptr + off, mask=m, other=0.0)
-                slab_ptr += slab
+            if FORM:
+                t = (tl.load(a + off, mask=m, other=0.0).to(tl.float32) * tl.load(da + off, mask=m, other=0.0)
+                     - tl.load(x + off, mask=m, other=0.0).to(tl.float32) * tl.load(dx + off, mask=m, other=0.0))
+            else:
+                t = tl.zeros([BR, BD], dtype=tl.float32)
+                slab_ptr = db
+                for _ in range(NP):
+                    t += tl.load(slab_ptr + off, mask=m, other=0.0)
+                    slab_ptr += slab
             t = t * sign
             val = tl.cumsum(t, 0, reverse=True) + carry[None, :]
             if HAS_MASK:
@@ -69,9 +75,11 @@ def _decay_grad_kernel(db, X, g, out, starts, ends, T, H, D, DP, n, NP, NX, slab
         carry += tl.sum(t, 0)
 
 
-def decay_grad_from_terms(db, X, sign, shape, T, C, n, bounds=None, g_mask=None, floor=0.0):
+def decay_grad_from_terms(db, X, sign, shape, T, C, n, bounds=None, g_mask=None, floor=0.0, products=None):
     """Gradient of a log decay of shape `shape` ([H], [B, T, H] or [B, T, H, D]) from the per-step terms db
     (float32 [P, B, T, H, Dp], summed over P; Dp = 1 or D) and the border terms X (float32 [B, H, n, P_x, D]).
+    products = (a, da, x, dx), contiguous [B, T, H, D], for a per-feature decay: db = a ⊙ da − x ⊙ dx formed in
+    the kernel instead (db then only gives the shape: [1, B, T, H, D], any tensor of it, e.g. an expanded one).
 
     Chunks are [i C, (i + 1) C) of every row unless bounds = (starts, ends) int32 [n] say otherwise (varlen).
     g_mask: the log decay as given, canonical [B|1, T, H, D|1] view: where it is at or below `floor` the
@@ -87,9 +95,12 @@ def decay_grad_from_terms(db, X, sign, shape, T, C, n, bounds=None, g_mask=None,
     sg = g.stride() if has_mask else (0, 0, 0, 0)
     starts, ends = bounds if bounds is not None else (X, X)
     grid = (n, cdiv(D, BD), B * H)
-    launch(_decay_grad_kernel, grid, db, X, g, out, starts, ends, T, H, D, DP, n, P, X.shape[3], B * T * H * DP, *sg,
-           float(sign), float(floor), C=C, BR=BR, BD=BD, BDP=block(DP, 256, lo=1), SUM_D=sum_d,
-           BOUNDS=bounds is not None, HAS_MASK=has_mask)
+    form = products is not None
+    assert not (form and sum_d), "products are for per-feature decays"
+    a, da, x, dx = products if form else (X, X, X, X)
+    launch(_decay_grad_kernel, grid, X if form else db, X, g, out, starts, ends, a, da, x, dx, T, H, D, DP, n, P,
+           X.shape[3], B * T * H * DP, *sg, float(sign), float(floor), C=C, BR=BR, BD=BD, BDP=block(DP, 256, lo=1),
+           SUM_D=sum_d, BOUNDS=bounds is not None, HAS_MASK=has_mask, FORM=form)
     return out.sum((0, 1)) if len(shape) == 1 else out
 
 
@@ -100,6 +111,11 @@ def log_decay_grad_triton(a, da, x, dx, sign, X, layout, shape):
         from ..decay_grad import log_decay_grad
         return log_decay_grad(a, da, x, dx, sign, X, layout, shape)
     B, T, H, D = a.shape
-    db = (a.float() * da.float() - x.float() * dx.float()).unsqueeze(0)
     X = X.to(torch.float32).contiguous().unsqueeze(3)
-    return decay_grad_from_terms(db, X, sign, shape, T, layout.C, X.shape[2], bounds=(layout.starts, layout.ends))
+    bounds = (layout.starts, layout.ends)
+    if len(shape) == 4:  # per feature: the four products read in the kernel (no float32 copies of them)
+        products = tuple(t.contiguous() for t in (a, da, x, dx))
+        return decay_grad_from_terms(a.unsqueeze(0), X, sign, shape, T, layout.C, X.shape[2], bounds=bounds,
+                                     products=products)
+    db = (a.float() * da.float() - x.float() * dx.float()).unsqueeze(0)
+    return decay_grad_from_terms(db, X, sign, shape, T, layout.C, X.shape[2], bounds=bounds)
