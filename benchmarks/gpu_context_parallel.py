@@ -9,6 +9,7 @@
 2. T = 1048576 on 2 GPUs, forward + backward (time, peak memory, finite gradients), and the output on a
    window across the rank boundary checked against the float64 reference run on that window from the state
    that enters it (computed by a single-GPU no-grad forward over the prefix).
+3. --grad-T N: at T = N, every rank's output and gradients against one GPU's on the same bf16 inputs.
 Writes $OUT/gpu_context_parallel.json (rank 0); every section records its error instead of stopping.
 """
 import argparse
