@@ -79,15 +79,16 @@ def decay_grad_from_terms(db, X, sign, shape, T, C, n, bounds=None, g_mask=None,
     """Gradient of a log decay of shape `shape` ([H], [B, T, H] or [B, T, H, D]) from the per-step terms db
     (float32 [P, B, T, H, Dp], summed over P; Dp = 1 or D) and the border terms X (float32 [B, H, n, P_x, D]).
     products = (a, da, x, dx), contiguous [B, T, H, D], for a per-feature decay: db = a ⊙ da − x ⊙ dx formed in
-    the kernel instead (db then only gives the shape: [1, B, T, H, D], any tensor of it, e.g. an expanded one).
+    the kernel instead (db is None then).
 
     Chunks are [i C, (i + 1) C) of every row unless bounds = (starts, ends) int32 [n] say otherwise (varlen).
     g_mask: the log decay as given, canonical [B|1, T, H, D|1] view: where it is at or below `floor` the
     gradient is 0 (not applied for a constant decay: the caller masks its [H] sum)."""
-    P, B, T_, H, DP = db.shape
+    form = products is not None
+    P, B, T_, H, DP = (1,) + tuple(products[0].shape) if form else db.shape
     D = X.shape[-1]
     sum_d = len(shape) < 4
-    out = alloc((B, T, H) if sum_d else (B, T, H, D), db.device)
+    out = alloc((B, T, H) if sum_d else (B, T, H, D), X.device)
     BD = block(D, 256 if sum_d else 64, lo=16)
     BR = min(C, 32 if BD <= 64 else 16)
     has_mask = g_mask is not None and len(shape) > 1
@@ -95,7 +96,6 @@ def decay_grad_from_terms(db, X, sign, shape, T, C, n, bounds=None, g_mask=None,
     sg = g.stride() if has_mask else (0, 0, 0, 0)
     starts, ends = bounds if bounds is not None else (X, X)
     grid = (n, cdiv(D, BD), B * H)
-    form = products is not None
     assert not (form and sum_d), "products are for per-feature decays"
     a, da, x, dx = products if form else (X, X, X, X)
     launch(_decay_grad_kernel, grid, X if form else db, X, g, out, starts, ends, a, da, x, dx, T, H, D, DP, n, P,
@@ -115,7 +115,7 @@ def log_decay_grad_triton(a, da, x, dx, sign, X, layout, shape):
     bounds = (layout.starts, layout.ends)
     if len(shape) == 4:  # per feature: the four products read in the kernel (no float32 copies of them)
         products = tuple(t.contiguous() for t in (a, da, x, dx))
-        return decay_grad_from_terms(a.unsqueeze(0), X, sign, shape, T, layout.C, X.shape[2], bounds=bounds,
+        return decay_grad_from_terms(None, X, sign, shape, T, layout.C, X.shape[2], bounds=bounds,
                                      products=products)
     db = (a.float() * da.float() - x.float() * dx.float()).unsqueeze(0)
     return decay_grad_from_terms(db, X, sign, shape, T, layout.C, X.shape[2], bounds=bounds)
