@@ -1,7 +1,8 @@
 """Sweep of the Triton kernels' tile sizes and warps (ULA_TUNE_<KERNEL>, see ula/core/triton/utils.py):
 forward and forward+backward median ms per configuration, bf16, B=2 T=8192 H=16 K=V=128 (or SHAPE="B,T,H,K,V").
 
-    python3 benchmarks/gpu_tile_sweep.py [vector,vector_c128,none,none_state]   # writes $OUT/tile_sweep.json
+    python3 benchmarks/gpu_tile_sweep.py [vector,vector_c128,none,none_state,state_small:constant]
+                                          # writes $OUT/tile_sweep.json ($OUT/tile_sweep_$TAG.json with TAG set)
 
 The output of each configuration is compared with the default configuration's (a broken tiling shows as
 a large difference); correctness itself is checked by benchmarks/gpu_check_triton.py and the tests."""
@@ -26,6 +27,14 @@ SWEEP = {
     "constant_state": ("constant", "STATE", ["128,64,64,4", "128,64,32,4", "128,32,64,4", "128,32,32,4",
                                              "64,64,32,4", "128,64,64,8"], None),
     "scalar_state": ("scalar", "STATE", ["128,64,64,4", "128,64,32,4", "128,32,32,4", "128,64,64,8"], None),
+    # the sequential state kernel with few programs per multiprocessor (session 9's counters: 128 programs, one
+    # warp per scheduler, latency-bound): narrower tiles, more programs
+    "state_small": (None, "STATE", ["128,64,64,4", "128,32,64,4", "128,64,32,4", "128,32,32,4", "128,16,32,4",
+                                    "128,32,16,4", "128,16,64,4", "128,16,16,4", "128,32,32,2", "128,16,32,2"], None),
+    "state_w8": (None, "STATE", ["128,64,64,8", "128,32,64,8", "128,64,32,8", "128,32,32,8", "128,16,32,8",
+                                 "128,16,64,8", "128,32,32,4"], None),
+    "state_small_c128": (None, "STATE", ["128,32,64,4", "128,32,32,4", "128,16,32,4", "128,16,16,4",
+                                         "128,32,32,8", "128,16,32,2"], 128),
     "none_state": ("none", "STATE", ["64,64,64,4", "64,64,128,8", "64,128,64,8", "128,64,64,8", "32,64,64,4",
                                      "64,32,64,4", "64,64,32,4"], None),
 }
@@ -36,8 +45,10 @@ def main():
     meta = dict(device=torch.cuda.get_device_name(), torch=torch.__version__)
     rows = []
     only = sys.argv[1].split(",") if len(sys.argv) > 1 else list(SWEEP)  # e.g. vector,vector_c128
-    for name in only:
+    for item in only:  # name or name:kind (sweeps without a kind of their own, e.g. state_small:vector)
+        name, _, kind_arg = item.partition(":")
         kind, kernel, configs, C = SWEEP[name]
+        kind = kind or kind_arg
         torch.manual_seed(0)
         fn, args = ours(kind, *SHAPE, C=C)
         with torch.no_grad():
@@ -54,7 +65,7 @@ def main():
                 rows.append(dict(kind=kind, kernel=kernel, cfg=cfg, chunk=C, error=repr(e)[:200]))
             print(json.dumps(rows[-1]), flush=True)
         set_tuning(kernel, None)
-    json.dump(dict(meta=meta, shape=SHAPE, rows=rows), open(os.path.join(out, "tile_sweep.json"), "w"), indent=1)
+    json.dump(dict(meta=meta, shape=SHAPE, rows=rows), open(os.path.join(out, f"tile_sweep{'_' + os.environ['TAG'] if os.environ.get('TAG') else ''}.json"), "w"), indent=1)
     print(meta)
     for r in rows:
         if "error" in r:

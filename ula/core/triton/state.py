@@ -254,12 +254,19 @@ def chunk_states(k, v, b, c, h0, layout, reverse, dot, state_dtype=torch.float32
     N = layout.N
     border = alloc((B, H, layout.n, K, V), k.device, state_dtype)
     final = alloc((N, H, K, V), k.device)
-    BT, BK, BV, W = tuned("state", (128, 64, 64, 4))
+    # 8 warps: a program of this sequential loop is alone on its multiprocessor (one warp per scheduler at 4
+    # warps, latency-bound in Nsight Compute); B=1 T=65536 H=16 constant decay f+b 4.79 -> 4.06 ms, B=2 T=8192
+    # vector 4.89 -> 4.70 (benchmarks/results/tile_sweep_h100_session9_*.json)
+    BT, BK, BV, W = tuned("state", (128, 64, 64, 8))
     BT, BK, BV, W = min(layout.C, BT), block(K, BK), block(V, BV), warps_for("state", W, dot)
-    # few sequences x heads leave most multiprocessors idle in this sequential kernel: narrower K tiles give
-    # twice the programs (B=1 T=65536 H=16 on an H100: constant decay f+b 5.39 -> 4.86 ms,
-    # benchmarks/results/tile_sweep_h100_b1t65536.json)
-    if 2 * N * H * cdiv(K, BK) * cdiv(V, BV) <= multiprocessors(k.device) and BK > 32 and not is_tuned("state"):
+    # few sequences x heads leave most multiprocessors idle: narrower K tiles give twice the programs (B=1
+    # T=65536 H=16 constant decay 5.39 -> 4.86 ms in tile_sweep_h100_b1t65536.json); with one decay value per
+    # step also up to two programs per multiprocessor (B=2 T=8192 H=16 scalar 1.45 -> 1.29 ms; no decay and
+    # decays per feature are faster with the wider tile there)
+    programs = N * H * cdiv(K, BK) * cdiv(V, BV)
+    sms = multiprocessors(k.device)
+    one_per_step = b is not None and b.shape[-1] == 1 and c is None
+    if BK > 32 and not is_tuned("state") and (2 * programs <= sms or (one_per_step and programs <= 2 * sms)):
         BK = 32
     NVT = cdiv(V, BV)
     X = alloc((B, H, layout.n, NVT, K), k.device) if partner is not None else None
