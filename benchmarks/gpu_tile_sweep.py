@@ -21,6 +21,11 @@ SHAPE = tuple(int(x) for x in os.environ.get("SHAPE", "2,8192,16,128,128").split
 SWEEP = {
     "vector": ("vector", "OUTPUT_VEC", ["16,32,64,4", "32,32,64,4", "32,64,64,4", "64,32,64,4", "64,32,64,8",
                                         "32,32,64,8", "16,64,64,4"], None),
+    # session 9: the rows' own block through one reference step (the levels in a second launch)
+    "vector_s9": ("vector", "OUTPUT_VEC", ["32,32,128,4", "32,32,128,8", "16,32,128,4", "32,64,128,4", "32,16,128,4",
+                                           "64,32,128,8"], None),
+    "vector_bt": ("vector", "OUTPUT_VEC", ["16,32,128,4", "32,32,128,4", "32,32,128,8", "32,32,64,4", "32,64,128,8",
+                                           "64,32,128,8", "64,64,128,8"], None),
     "vector_c128": ("vector", "OUTPUT_VEC", ["16,32,64,4", "32,32,64,4", "64,32,64,8"], 128),
     "none": ("none", "OUTPUT", ["64,64,64,4", "64,64,128,8", "128,64,64,8", "64,128,64,8", "32,64,64,4",
                                 "64,64,64,8"], None),

@@ -66,17 +66,26 @@ def compare_with_reference(fn, inputs, *, final=True, **kw):
             assert a.grad is not None, f"no gradient for {name}"
             errs["d" + name] = rel(a.grad, b.grad)
     if inputs[3] is not None and inputs[3].dim() == 1:
-        errs["dld"] = constant_decay_error(ours[3].grad, refs[3].grad, refs[0], refs[0].grad, refs[1], refs[1].grad)
+        # the final state's share: T steps of decay, each a term the size of |S_T ⊙ dS| (q = k = 0 leaves only it)
+        extra = q_len(inputs) * (S_ref * dS).detach().abs().sum((0, 2, 3)) if final else None
+        errs["dld"] = constant_decay_error(ours[3].grad, refs[3].grad, refs[0], refs[0].grad, refs[1], refs[1].grad,
+                                           extra)
     return errs
 
 
-def constant_decay_error(g, g_ref, q, dq, k, dk):
+def q_len(inputs):
+    return inputs[0].shape[1]
+
+
+def constant_decay_error(g, g_ref, q, dq, k, dk, extra=None):
     """Error of a constant decay's gradient [H] (float64 reference g_ref, q, dq, k, dk): per head, relative to the
     true value, but to no less than a tenth of Σ |q⊙dq| + |k⊙dk| over B, T, K, the sizes of the terms it sums.
     Those cancel on some draws (true value ~1e-3 of them), where float32 cannot reach 1e-4 relative however it
     sums (tests/test_extreme.py measured 3e-2 relative, 3.7e-6 of the terms, on one draw in ~100); the largest
-    over heads."""
+    over heads. extra [H]: the sizes of further terms (the final state's), added to them."""
     terms = ((q * dq).abs() + (k * dk).abs()).sum((0, 1, 3)).detach().double().cpu()
+    if extra is not None:
+        terms = terms + extra.detach().double().cpu()
     g_ref = g_ref.detach().double().cpu()
     assert torch.isfinite(g).all(), "non-finite values (an unwritten or overflowed element)"
     scale = torch.maximum(g_ref.abs(), 0.1 * terms).clamp_min(1e-30)

@@ -15,7 +15,7 @@ import tempfile
 import torch
 
 _TYPES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32", torch.float64: "fp64",
-          torch.int32: "i32", torch.int64: "i64", torch.bool: "i1"}
+          torch.int8: "i8", torch.int32: "i32", torch.int64: "i64", torch.bool: "i1"}
 
 
 # the core checks that a log decay is finite and <= 0: mLSTMexp's gate kernel writes one

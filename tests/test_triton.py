@@ -8,7 +8,8 @@ import torch
 pytest.importorskip("triton")
 
 import ula  # noqa: E402
-from helpers import KINDS, compare_with_reference, constant_decay_error, fresh_seed, make_inputs, rel  # noqa: E402
+from helpers import (KINDS, compare_with_reference, constant_decay_error, fresh_seed, log_decay,  # noqa: E402
+                     make_inputs, rel)
 from ula.core.autograd import canonical_left  # noqa: E402
 from ula.core.chunk_torch import chunk_recurrence  # noqa: E402
 from ula.core.reference import reference_linear_attention  # noqa: E402
@@ -276,3 +277,17 @@ def test_bf16_emulation_rounds_matmul_operands():
     assert out.returncode == 0, out.stderr[-2000:]
     errs = [float(x) for x in out.stdout.split()[-9::2]]  # o dq dk dv dg
     assert all(3e-4 < e < 3e-2 for e in errs), out.stdout
+
+
+@pytest.mark.parametrize("right", [False, True], ids=["left", "right"])
+@pytest.mark.parametrize("reverse", [False, True], ids=["fwd", "rev"])
+def test_vector_own_block_both_paths(right, reverse):
+    """Decays per feature: the rows' own block goes through one reference step where its log decays span at most
+    60 (output.py OWN_RANGE) and by levels elsewhere. Strong decays (~ -7 per step: a 16-step block spans ~110) in
+    the first half of the sequence and mild ones after put both paths in one call, in every pass of the backward."""
+    seed = fresh_seed()
+    q, k, v, ld, rd, s0 = make_inputs("vector", right, 2, 75, 2, 16, 24)
+    ld[:, :37] = log_decay((2, 37, 2, 16), strength=-7.0)
+    if right:
+        rd[:, 20:50] = log_decay((2, 30, 2, 24), strength=-7.0)
+    _check(compare_with_reference(_triton(16), _on((q, k, v, ld, rd, s0)), reverse=reverse), seed)

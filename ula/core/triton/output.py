@@ -9,7 +9,8 @@ Off-diagonal blocks with decays per feature: exp(b_i - b_j) = exp(b_i - b_r) exp
 between the rows and all their key blocks (both factors <= 1), so each block is one matmul (paper 002 §4.3, secondary
 chunking; BT = 16 rows) and the rows' factor is formed once. With one decay value per step the block's decays are a
 [BT, BT] factor after the matmul. Diagonal block: per-element relative decays, masked before exp (no positive
-exponent forms), or for decays per feature secondary chunking down to single steps.
+exponent forms); for decays per feature through the same reference step as the key blocks where the block's log
+decays span at most OWN_RANGE (one matmul), else secondary chunking down to single steps, in a second launch.
 
 The scale of the part through the states and of the intra-chunk part are separate (the backward's passes enter
 with states already scaled), and an optional epilogue forms the log-decay gradient's per-step terms."""
@@ -17,7 +18,13 @@ import torch
 import triton
 import triton.language as tl
 
-from .utils import alloc, block, cdiv, chunk_bounds, is_tuned, launch, mm, operand, tuned, warps_for
+from .utils import DOT_F16, alloc, block, cdiv, chunk_bounds, is_tuned, launch, mm, operand, tuned, warps_for
+
+# the largest span of log decays (max - min over a row block, any feature) for which the rows' own block goes
+# through one reference step (one matmul) rather than by levels: e^60 ~ 1e26 stays far from float32's and
+# bfloat16's limits (3e38), and e^-60 far above their smallest normal numbers. float16 (largest 65504 ~ e^11) takes
+# the levels everywhere.
+OWN_RANGE = 60.0
 
 
 @triton.jit
@@ -82,10 +89,12 @@ def _offdiag(q_base, k_base, v_base, b_base, u_base, rows, mi, js, ce, vc, mv, K
 @triton.jit
 def _offdiag_vec(qs, k_base, v_base, b_base, c_base, u_base, rr, r_ok, js, ce, vc, mv, K, V, H, DB: tl.constexpr,
                  BT: tl.constexpr, BKF: tl.constexpr, HAS_B: tl.constexpr, HAS_C: tl.constexpr, GATE: tl.constexpr,
-                 DOT: tl.constexpr):
+                 DOT: tl.constexpr, OWN: tl.constexpr, rows, REVERSE: tl.constexpr):
     """Decays per feature: the key block starting at js against the rows' q already decayed to the reference
     step r (qs, all K features; r lies between every key of an off-diagonal block and every row, so one r
-    serves all blocks). Returns A @ (v decayed from the keys to r); the caller applies the rows' side of c."""
+    serves all blocks). Returns A @ (v decayed from the keys to r); the caller applies the rows' side of c.
+    OWN: the rows' own block (js = the rows' first step), causal; its keys' factors exp(b_r - b_j) exceed 1, so
+    the caller takes this path only where the block's decays span a bounded range."""
     cols = js + tl.arange(0, BT)
     mj = cols < ce
     rj = cols.to(tl.int64) * H
@@ -101,6 +110,11 @@ def _offdiag_vec(qs, k_base, v_base, b_base, c_base, u_base, rr, r_ok, js, ce, v
             bk = tl.load(b_base + rj * DB, mask=mj, other=0.0)[:, None]
         kt = kt * tl.exp(tl.where(mj[:, None], br - bk, float("-inf")))
     A = mm(qs, tl.trans(kt), DOT)
+    if OWN:
+        if REVERSE:
+            A = tl.where(rows[:, None] <= cols[None, :], A, 0.0)
+        else:
+            A = tl.where(rows[:, None] >= cols[None, :], A, 0.0)
     vt = _source_v(v_base, u_base, rj, mj, vc, mv, V, GATE, DOT)
     if HAS_C:
         cr = tl.load(c_base + rr * V + vc, mask=mv & r_ok, other=0.0)
@@ -209,33 +223,70 @@ def _diag(q_base, k_base, v_base, b_base, u_base, rows, mi, vc, mv, K, V, H, DB:
 
 
 @triton.jit
-def _output_kernel(q, k, v, b, c, u, border, h0, o, dg_a, dg_out, du_out, n_border, n0, den, e, cu, chunk_seq,
+def _own_span(b_base, c_base, rs, ce, live, BT: tl.constexpr, vc, mv, K, V, H, DB: tl.constexpr,
+              BKF: tl.constexpr, HAS_B: tl.constexpr, HAS_C: tl.constexpr):
+    """The span of the rows' cumulative log decays, the largest over the features (of this V tile for c): how far
+    from 1 the factors of the rows' own block through one reference step can be. Log decays are <= 0, so a
+    chunk-local cumulative sum is monotone and the span is the difference of the block's first and last rows
+    (two rows read, not the block)."""
+    r_first = rs.to(tl.int64) * H
+    r_last = (tl.minimum(rs + BT, ce) - 1).to(tl.int64) * H
+    span = 0.0
+    if HAS_B:
+        if DB > 1:
+            kf = tl.arange(0, BKF)
+            mk = (kf < K) & live
+            span = tl.max(tl.abs(tl.load(b_base + r_last * DB + kf, mask=mk, other=0.0) -
+                                 tl.load(b_base + r_first * DB + kf, mask=mk, other=0.0)), 0)
+        else:
+            span = tl.abs(tl.load(b_base + r_last * DB, mask=live, other=0.0) -
+                          tl.load(b_base + r_first * DB, mask=live, other=0.0))
+    if HAS_C:
+        mc = mv & live
+        span = tl.maximum(span, tl.max(tl.abs(tl.load(c_base + r_last * V + vc, mask=mc, other=0.0) -
+                                              tl.load(c_base + r_first * V + vc, mask=mc, other=0.0)), 0))
+    return span
+
+
+@triton.jit
+def _output_kernel(q, k, v, b, c, u, border, h0, o, dg_a, dg_out, du_out, n_border, n0, den, e, flags, cu, chunk_seq,
                    chunk_start, T, H, K, V, NC, sb_b, sc_b, s_sk, s_sv, scale_inter, scale_intra, dg_coef, dg_slab,
                    DB: tl.constexpr, C: tl.constexpr, NRB: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
                    BV: tl.constexpr, HAS_B: tl.constexpr, HAS_C: tl.constexpr, VEC: tl.constexpr,
                    HAS_H0: tl.constexpr, REVERSE: tl.constexpr, VARLEN: tl.constexpr, DOT: tl.constexpr,
                    LOG_BT: tl.constexpr, DG: tl.constexpr, DG_ACC: tl.constexpr, BKF: tl.constexpr,
-                   GATE: tl.constexpr, HAS_DU: tl.constexpr, ONES: tl.constexpr, R1: tl.constexpr):
+                   GATE: tl.constexpr, HAS_DU: tl.constexpr, ONES: tl.constexpr, R1: tl.constexpr, OWN: tl.constexpr,
+                   OWN_MAX: tl.constexpr):
     i_r, i_v, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)  # row blocks on axis 0 (up to 2^31)
     i_b, i_h = i_bh // H, i_bh % H
     i_c = i_r // NRB
     sub = i_r % NRB
     seq, cs, bos, ce = chunk_bounds(i_c, i_b, cu, chunk_seq, chunk_start, T, C, VARLEN)
     rs = cs + sub * BT
-    if rs < ce:
-        rows = rs + tl.arange(0, BT)
-        mi = rows < ce
-        ri = rows.to(tl.int64) * H
-        vc = i_v * BV + tl.arange(0, BV)
-        mv = vc < V
-        row0 = i_b.to(tl.int64) * T * H + i_h
-        q_base = q + row0 * K
-        k_base = k + row0 * K
-        v_base = v + row0 * V
-        b_base = b + i_b.to(tl.int64) * sb_b + i_h * DB
-        c_base = c + i_b.to(tl.int64) * sc_b + i_h * V
-        u_base = u + i_b.to(tl.int64) * T * H + i_h
-        e_base = e + i_b.to(tl.int64) * T * H + i_h
+    live = rs < ce
+    rows = rs + tl.arange(0, BT)
+    mi = rows < ce
+    ri = rows.to(tl.int64) * H
+    vc = i_v * BV + tl.arange(0, BV)
+    mv = vc < V
+    row0 = i_b.to(tl.int64) * T * H + i_h
+    q_base = q + row0 * K
+    k_base = k + row0 * K
+    v_base = v + row0 * V
+    b_base = b + i_b.to(tl.int64) * sb_b + i_h * DB
+    c_base = c + i_b.to(tl.int64) * sc_b + i_h * V
+    u_base = u + i_b.to(tl.int64) * T * H + i_h
+    e_base = e + i_b.to(tl.int64) * T * H + i_h
+    # decays per feature, two launches (chunk_output): OWN = 1 takes the row blocks whose own block goes through
+    # one reference step and flags the others, OWN = 2 takes the flagged ones by levels
+    f_off = (i_bh.to(tl.int64) * tl.num_programs(1) + i_v) * tl.num_programs(0) + i_r
+    if OWN == 1:
+        span = _own_span(b_base, c_base, rs, ce, live, BT, vc, mv, K, V, H, DB, BKF, HAS_B, HAS_C)
+        tl.store(flags + f_off, (span > OWN_MAX).to(tl.int8), mask=live)
+        live = live & (span <= OWN_MAX)
+    elif OWN == 2:
+        live = live & (tl.load(flags + f_off) != 0)
+    if live:
         # inter-chunk part through the state entering the chunk
         bord = border + ((i_b.to(tl.int64) * H + i_h) * NC) * K * V
         if REVERSE:
@@ -297,10 +348,7 @@ def _output_kernel(q, k, v, b, c, u, border, h0, o, dg_a, dg_out, du_out, n_bord
         else:
             acc = acc * scale_inter
         # intra-chunk part: the rows' own block, then the key blocks before them (after them in reverse)
-        if VEC:
-            acc += _diag_vec(q_base, k_base, v_base, b_base, c_base, u_base, rows, mi, ce, vc, mv, K, V, H, DB, BT, BK,
-                             BV, LOG_BT, HAS_B, HAS_C, REVERSE, GATE, DOT) * scale_intra
-        else:
+        if not VEC:
             part, ones = _diag(q_base, k_base, v_base, b_base, u_base, rows, mi, vc, mv, K, V, H, DB, BT, BK, HAS_B,
                                REVERSE, GATE, DOT, ONES, e_base, R1)
             acc += part * scale_intra
@@ -312,8 +360,8 @@ def _output_kernel(q, k, v, b, c, u, border, h0, o, dg_a, dg_out, du_out, n_bord
         if VEC:
             # one reference step r between the rows and every earlier (later in reverse) key block: the rows'
             # first step (last in reverse), so q is decayed to r once for all blocks and c's row side applied once
-            if REVERSE:
-                r = rs + BT - 1
+            if REVERSE:  # the rows' last step (a chunk's last block may end early: then no key block follows)
+                r = tl.minimum(rs + BT, ce) - 1
             else:
                 r = rs
             r_ok = r < ce
@@ -330,9 +378,19 @@ def _output_kernel(q, k, v, b, c, u, border, h0, o, dg_a, dg_out, du_out, n_bord
                     br = tl.load(b_base + rr * DB, mask=r_ok, other=0.0)
                 qs = qs * tl.exp(tl.where(mi[:, None], bq - br, float("-inf")))
             off = tl.zeros([BT, BV], dtype=tl.float32)
+            # the rows' own block: through the same reference step as the key blocks (one matmul) where its log
+            # decays span at most OWN_MAX (OWN_RANGE), so that its keys' factors exp(b_r - b_j) stay below e^60; else
+            # by levels (_diag_vec), which forms no factor above 1 (in its own launch: compiled into this one it
+            # cost registers and ~15% of every call, B2 T8192 H16 vector decay f+b 3.29 against 2.80 ms)
+            if OWN == 1:
+                off += _offdiag_vec(qs, k_base, v_base, b_base, c_base, u_base, rr, r_ok, rs, ce, vc, mv, K, V, H,
+                                    DB, BT, BKF, HAS_B, HAS_C, GATE, DOT, True, rows, REVERSE)
+            else:
+                acc += _diag_vec(q_base, k_base, v_base, b_base, c_base, u_base, rows, mi, ce, vc, mv, K, V, H, DB,
+                                 BT, BK, BV, LOG_BT, HAS_B, HAS_C, REVERSE, GATE, DOT) * scale_intra
             for js in range(lo, hi, BT):
                 off += _offdiag_vec(qs, k_base, v_base, b_base, c_base, u_base, rr, r_ok, js, ce, vc, mv, K, V, H, DB,
-                                    BT, BKF, HAS_B, HAS_C, GATE, DOT)
+                                    BT, BKF, HAS_B, HAS_C, GATE, DOT, False, rows, REVERSE)
             if HAS_C:  # ci: the rows' c, loaded for the part through the states
                 cr = tl.load(c_base + rr * V + vc, mask=mv & r_ok, other=0.0)
                 off = off * tl.exp(tl.where(mi[:, None], ci - cr[None, :], float("-inf")))
@@ -394,7 +452,7 @@ def chunk_output(q, k, v, b, c, border, h0, scale, layout, reverse, dot, out_dty
     C = layout.C
     name = "output_vec" if vec else "output"
     # benchmarks/results/tile_sweep_h100*.json
-    BT, BK, BV, W = tuned(name, (16, 32, 128, 4) if vec else (64, 64, 128, 4))
+    BT, BK, BV, W = tuned(name, (32, 32, 128, 4) if vec else (64, 64, 128, 4))
     BT, BK, BV, W = min(C, BT), block(K, BK), block(V, BV), warps_for(name, W, dot)
     o = alloc((B, T, H, V), q.device, out_dtype)
     dummy = border
@@ -429,21 +487,26 @@ def chunk_output(q, k, v, b, c, border, h0, scale, layout, reverse, dot, out_dty
         # read like the border states (the matmul rounds both to its operand type alike)
         h0 = h0.to(border.dtype)
     grid = (layout.n * (C // BT), cdiv(V, BV), B * H)  # axes 1 and 2 stop at 65535
-    launch(_output_kernel, grid, q, k, v, b if b is not None else dummy, c if c is not None else dummy,
-           gate if gate is not None else dummy, border, h0 if h0 is not None else dummy, o, dg_a,
-           dg_out if dg_out is not None else dummy, du_out if du_out is not None else dummy,
-           n_border if n_border is not None else dummy, n0 if n0 is not None else dummy,
-           den if den is not None else dummy, e if e is not None else dummy,
-           layout.cu, layout.chunk_seq, layout.chunk_start, T, H, K, V, layout.n,
-           (b.stride(0) if b is not None and b.shape[0] > 1 else 0),
-           (c.stride(0) if c is not None and c.shape[0] > 1 else 0), s_sk, s_sv, float(scale),
-           float(scale if scale_intra is None else scale_intra), float(dg_coef), B * T * H,
-           DB=b.shape[-1] if b is not None else 1, C=C, NRB=C // BT, BT=BT, BK=BK, BV=BV,
-           HAS_B=b is not None, HAS_C=c is not None, VEC=vec, HAS_H0=h0 is not None,
-           REVERSE=reverse, VARLEN=layout.varlen, DOT=dot, LOG_BT=BT.bit_length() - 1,
-           DG=dg_mode, DG_ACC=dg_acc, BKF=block(K, 256),
-           GATE=0 if gate is None else (2 if gate_rows else 1), HAS_DU=du_out is not None, ONES=den is not None, R1=r1,
-           num_warps=W)
+    # decays per feature: a flag per program, written by the first launch for each live row block
+    flags = torch.empty(grid[0] * grid[1] * grid[2], dtype=torch.int8, device=q.device) if vec else dummy
+    args = (q, k, v, b if b is not None else dummy, c if c is not None else dummy, gate if gate is not None else dummy,
+            border, h0 if h0 is not None else dummy, o, dg_a, dg_out if dg_out is not None else dummy,
+            du_out if du_out is not None else dummy, n_border if n_border is not None else dummy,
+            n0 if n0 is not None else dummy, den if den is not None else dummy, e if e is not None else dummy, flags,
+            layout.cu, layout.chunk_seq, layout.chunk_start, T, H, K, V, layout.n,
+            (b.stride(0) if b is not None and b.shape[0] > 1 else 0),
+            (c.stride(0) if c is not None and c.shape[0] > 1 else 0), s_sk, s_sv, float(scale),
+            float(scale if scale_intra is None else scale_intra), float(dg_coef), B * T * H)
+    cx = dict(DB=b.shape[-1] if b is not None else 1, C=C, NRB=C // BT, BT=BT, BK=BK, BV=BV,
+              HAS_B=b is not None, HAS_C=c is not None, VEC=vec, HAS_H0=h0 is not None,
+              REVERSE=reverse, VARLEN=layout.varlen, DOT=dot, LOG_BT=BT.bit_length() - 1,
+              DG=dg_mode, DG_ACC=dg_acc, BKF=block(K, 256),
+              GATE=0 if gate is None else (2 if gate_rows else 1), HAS_DU=du_out is not None, ONES=den is not None,
+              R1=r1, OWN_MAX=OWN_RANGE if dot != DOT_F16 else -1.0)
+    for own in ((1, 2) if vec else (0,)):
+        # the levels' launch (the rare path) at 8 warps: at 4, 32-row blocks spill up to 1 KB per thread on sm_90
+        launch(_output_kernel, grid, *args, num_warps=max(W, 8) if own == 2 and not is_tuned(name) else W, **cx,
+               OWN=own)
     if den is not None:
         return o, den
     if dg is None and du_of is None:
