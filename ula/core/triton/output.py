@@ -18,7 +18,8 @@ import torch
 import triton
 import triton.language as tl
 
-from .utils import DOT_F16, alloc, block, cdiv, chunk_bounds, is_tuned, launch, mm, operand, tuned, warps_for
+from .utils import (DOT_F16, alloc, block, cdiv, chunk_bounds, head_bases, is_tuned, launch, mm, operand, tuned,
+                    warps_for)
 
 # the largest span of log decays (max - min over a row block, any feature) for which the rows' own block goes
 # through one reference step (one matmul) rather than by levels: e^60 ~ 1e26 stays far from float32's and
@@ -269,14 +270,9 @@ def _output_kernel(q, k, v, b, c, u, border, h0, o, dg_a, dg_out, du_out, n_bord
     ri = rows.to(tl.int64) * H
     vc = i_v * BV + tl.arange(0, BV)
     mv = vc < V
-    row0 = i_b.to(tl.int64) * T * H + i_h
+    row0, k_base, v_base, b_base, c_base, u_base, e_base = head_bases(k, v, b, c, u, e, i_b, i_h, T, H, K, V, sb_b,
+                                                                      sc_b, DB)
     q_base = q + row0 * K
-    k_base = k + row0 * K
-    v_base = v + row0 * V
-    b_base = b + i_b.to(tl.int64) * sb_b + i_h * DB
-    c_base = c + i_b.to(tl.int64) * sc_b + i_h * V
-    u_base = u + i_b.to(tl.int64) * T * H + i_h
-    e_base = e + i_b.to(tl.int64) * T * H + i_h
     # decays per feature, two launches (chunk_output): OWN = 1 takes the row blocks whose own block goes through
     # one reference step and flags the others, OWN = 2 takes the flagged ones by levels
     f_off = (i_bh.to(tl.int64) * tl.num_programs(1) + i_v) * tl.num_programs(0) + i_r

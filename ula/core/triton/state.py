@@ -7,7 +7,8 @@ import torch
 import triton
 import triton.language as tl
 
-from .utils import alloc, block, cdiv, is_tuned, launch, mm, multiprocessors, operand, tuned, warps_for
+from .utils import (alloc, block, cdiv, head_bases, is_tuned, launch, mm, multiprocessors, operand, tuned,
+                    warps_for)
 
 
 @triton.jit
@@ -149,13 +150,8 @@ def _state_kernel(k, v, b, c, u, h0, border, final, partner, X, n0, n_border, n_
     vc = i_v * BV + tl.arange(0, BV)
     mk, mv = kc < K, vc < V
     mkv = mk[:, None] & mv[None, :]
-    row0 = i_b.to(tl.int64) * T * H + i_h  # row t of head i_h: (row0 + t * H) * D
-    k_base = k + row0 * K
-    v_base = v + row0 * V
-    b_base = b + i_b.to(tl.int64) * sb_b + i_h * DB
-    c_base = c + i_b.to(tl.int64) * sc_b + i_h * V
-    u_base = u + i_b.to(tl.int64) * T * H + i_h
-    e_base = e + i_b.to(tl.int64) * T * H + i_h
+    row0, k_base, v_base, b_base, c_base, u_base, e_base = head_bases(k, v, b, c, u, e, i_b, i_h, T, H, K, V, sb_b,
+                                                                      sc_b, DB)
     kv_off = kc[:, None] * V + vc[None, :]
     chunk0 = (i_b.to(tl.int64) * H + i_h) * NC + c0  # this sequence's first chunk among all [B, H, n]
     bord_base = border + chunk0 * K * V

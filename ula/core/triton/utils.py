@@ -97,6 +97,16 @@ def chunk_bounds(i_c, i_b, cu, chunk_seq, chunk_start, T, C: tl.constexpr, VARLE
 
 
 @triton.jit
+def head_bases(k, v, b, c, u, e, i_b, i_h, T, H, K, V, sb_b, sc_b, DB: tl.constexpr):
+    """Row 0 of head i_h of batch row i_b ([B, T, H, D] tensors: step t's row is (row0 + t H) D) and the bases of
+    k, v, b, c (sb_b, sc_b: their batch strides, 0 when shared), u and e ([B, T, H]) for that head."""
+    row0 = i_b.to(tl.int64) * T * H + i_h
+    return (row0, k + row0 * K, v + row0 * V, b + i_b.to(tl.int64) * sb_b + i_h * DB,
+            c + i_b.to(tl.int64) * sc_b + i_h * V, u + i_b.to(tl.int64) * T * H + i_h,
+            e + i_b.to(tl.int64) * T * H + i_h)
+
+
+@triton.jit
 def round_bf16(x):
     """float32 x rounded to the nearest bfloat16 (ties to even), kept in float32: bit arithmetic, which the
     interpreter does exactly (its bfloat16 arithmetic is not)."""
