@@ -1,7 +1,7 @@
 """ula's core op against the peers, one GPU, one run, bfloat16: forward and forward+backward median ms
 (triton.testing.do_bench) and peak memory of forward+backward, for every decay kind.
 
-    python3 benchmarks/gpu_core_vs_peers.py [--peers] [--shapes "2,8192,16,128,128;8,2048,16,128,128"]
+    python3 benchmarks/gpu_core_vs_peers.py [--peers] [--rounds 3] [--shapes "2,8192,16,128,128;8,2048,16,128,128"]
 
 Ours run in this process; each peer kernel runs in its own process through the peers' yardstick script
 (PEERS_SCRIPT, default ../shared/peers/bench_peers.py or .peers/bench_peers.py), with the same shapes and
@@ -10,6 +10,7 @@ table with the ratios ours / best peer.
 """
 import argparse
 import json
+import statistics
 import os
 import subprocess
 import sys
@@ -57,6 +58,9 @@ def main():
     ap.add_argument("--kinds", default="none,constant,scalar,vector")
     ap.add_argument("--chunks", default="", help="comma-separated chunk sizes to time besides the default")
     ap.add_argument("--peers", action="store_true", help="also run the peer kernels (slow: fla autotunes ~2 min per op)")
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="measure ours and the peers this many times in turn, per shape; the table gives medians over "
+                         "rounds and the spread (two runs on one H100 differed by up to 40%%, session 9)")
     a = ap.parse_args()
     meta = dict(device=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
                 ula=ula.__version__)
@@ -66,37 +70,58 @@ def main():
         shape = tuple(int(x) for x in s.split(","))
         tag = "B{}_T{}_H{}_K{}_V{}".format(*shape)
         kinds = a.kinds.split(",")
-        for kind in kinds:
-            for C in [None] + [int(c) for c in a.chunks.split(",") if c]:
-                name = f"ula_{kind}" + (f"_c{C}" if C else "")
-                torch.cuda.empty_cache()
-                fn = args = None
-                try:
-                    fn, args = ours(kind, *shape, C=C)
-                    f, fb, mem = measure(fn, args)
-                    rows.append(dict(kernel=name, kind=kind, shape=tag, chunk=C, fwd_ms=f, fwdbwd_ms=fb, peak_mib=mem))
-                except Exception as e:  # keep going: one failure must not hide the other numbers
-                    rows.append(dict(kernel=name, kind=kind, shape=tag, error=repr(e)[:300]))
-                print(json.dumps(rows[-1]), flush=True)
-                del fn, args
-        if a.peers:
-            for r in peer_rows([p for kd in kinds for p in PEERS[kd]], shape):
-                r["kind"] = next(kd for kd in kinds if r["kernel"] in PEERS[kd])
-                rows.append(r)
+        for rnd in range(a.rounds):
+            for kind in kinds:
+                for C in [None] + [int(c) for c in a.chunks.split(",") if c]:
+                    name = f"ula_{kind}" + (f"_c{C}" if C else "")
+                    torch.cuda.empty_cache()
+                    fn = args = None
+                    try:
+                        fn, args = ours(kind, *shape, C=C)
+                        f, fb, mem = measure(fn, args)
+                        rows.append(dict(kernel=name, kind=kind, shape=tag, chunk=C, fwd_ms=f, fwdbwd_ms=fb,
+                                         peak_mib=mem, round=rnd))
+                    except Exception as e:  # keep going: one failure must not hide the other numbers
+                        rows.append(dict(kernel=name, kind=kind, shape=tag, error=repr(e)[:300], round=rnd))
+                    print(json.dumps(rows[-1]), flush=True)
+                    del fn, args
+            if a.peers:
+                for r in peer_rows([p for kd in kinds for p in PEERS[kd]], shape):
+                    r["kind"] = next(kd for kd in kinds if r["kernel"] in PEERS[kd])
+                    r["round"] = rnd
+                    rows.append(r)
+    summary = _summary(rows)
     with open(os.path.join(OUT, "core_vs_peers.json"), "w") as fh:
-        json.dump(dict(meta=meta, rows=rows), fh, indent=1)
-    print(f"\n{'kernel':<34}{'shape':<26}{'fwd ms':>9}{'f+b ms':>9}{'MiB':>9}{'t ratio':>9}{'m ratio':>9}")
+        json.dump(dict(meta=meta, command=" ".join(sys.argv), rows=rows, summary=summary), fh, indent=1)
+    print(f"\n{'kernel':<34}{'shape':<26}{'fwd ms':>9}{'f+b ms':>9}{'spread':>15}{'MiB':>9}{'t ratio':>9}{'m ratio':>9}")
     for r in rows:
         if "error" in r:
-            print(f"{r['kernel']:<34}{r['shape']:<26} ERROR {r['error'][:70]}")
-            continue
-        peers = [p for p in rows if p["shape"] == r["shape"] and p.get("kind") == r["kind"]
-                 and not p["kernel"].startswith("ula_") and "error" not in p]
+            print(f"{r['kernel']:<34}{r['shape']:<26} ERROR (round {r.get('round', 0)}) {r['error'][:60]}")
+    for r in summary:
+        peers = [p for p in summary if p["shape"] == r["shape"] and p.get("kind") == r["kind"]
+                 and not p["kernel"].startswith("ula_")]
         tr = mr = ""
         if r["kernel"].startswith("ula_") and peers:
             tr = f"{r['fwdbwd_ms'] / min(p['fwdbwd_ms'] for p in peers):.2f}"
             mr = f"{r['peak_mib'] / min(p['peak_mib'] for p in peers):.2f}"
-        print(f"{r['kernel']:<34}{r['shape']:<26}{r['fwd_ms']:>9.3f}{r['fwdbwd_ms']:>9.3f}{r['peak_mib']:>9.1f}{tr:>9}{mr:>9}")
+        spread = f"{r['fwdbwd_min']:.3f}-{r['fwdbwd_max']:.3f}"
+        print(f"{r['kernel']:<34}{r['shape']:<26}{r['fwd_ms']:>9.3f}{r['fwdbwd_ms']:>9.3f}{spread:>15}"
+              f"{r['peak_mib']:>9.1f}{tr:>9}{mr:>9}")
+
+
+def _summary(rows):
+    """Per kernel and shape over the rounds: median fwd and f+b ms, the f+b range, the largest peak."""
+    groups = {}
+    for r in rows:
+        if "error" not in r:
+            groups.setdefault((r["kernel"], r["shape"]), []).append(r)
+    out = []
+    for (kernel, shape), rs in groups.items():
+        fb = [r["fwdbwd_ms"] for r in rs]
+        out.append(dict(kernel=kernel, kind=rs[0].get("kind"), shape=shape, rounds=len(rs),
+                        fwd_ms=statistics.median(r["fwd_ms"] for r in rs), fwdbwd_ms=statistics.median(fb),
+                        fwdbwd_min=min(fb), fwdbwd_max=max(fb), peak_mib=max(r["peak_mib"] for r in rs)))
+    return out
 
 
 if __name__ == "__main__":

@@ -112,7 +112,8 @@ def core_cases(B=2, T=300, H=2, K=128, V=128, dtype=torch.bfloat16):
                  dict(ld=lsig(B, T, H), reverse=True), dict(ld=lsig(1, B * T, H, K), cu=[0, 7, 250, B * T]),
                  dict(ld=lsig(B, T, H), chunk_size=512), dict(ld=lsig(B, T, H, K), rd=lsig(B, T, H, V)),
                  dict(ld=lsig(B, T, H, K), dtype=torch.float16), dict(ld=lsig(B, T, H), Kx=96, Vx=256),
-                 dict(ld=lsig(B, T, H, 100), Kx=100, Vx=100)]  # padded to 112 for the kernels
+                 dict(ld=lsig(B, T, H, 100), Kx=100, Vx=100),  # padded to 112 for the kernels
+                 dict(rd=lsig(B, T, H, 64), Vx=64)]  # a right decay alone (GSA's first pass, 64 slots)
         for c in cases:
             cu = c.get("cu")
             Bc, Tc = (1, B * T) if cu else (B, T)

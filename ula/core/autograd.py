@@ -75,10 +75,15 @@ def backward_pass(F, q, k, v, ld, rd, h0, o, do, dS, scale, cu, rev, C, need_ld,
     """dQ, dK, dV by the same F with roles swapped, d initial state from the dV pass, decay gradients in
     closed form. o (the forward output in the compute dtype) is needed only for a right decay; dS may be
     None. Returns (dq, dk, dv, dld, drd, dh0, d key_gate) in the dtypes of their inputs (None where not needed).
-    A backend may do it all in one function of its own (F.fused_backward, same math) where no right decay is."""
+    A backend may do it all in one function of its own (F.fused_backward, same math) where no right decay is, and
+    F.fused_backward_right where a right decay is the only one."""
     if native_key_gate(F, q, rd):
         dq, dk, dv, dld, dh0, du = F.fused_backward(q, k, v, ld, h0, do, dS, scale, cu, rev, C, need_ld, key_gate)
         return dq, dk, dv, dld, None, dh0, du
+    if (rd is not None and ld is None and key_gate is None and q.dtype != torch.float64
+            and getattr(F, "fused_backward_right", None) is not None):  # a right decay alone (GSA's first pass)
+        dq, dk, dv, drd, dh0 = F.fused_backward_right(q, k, v, rd, h0, o, do, dS, scale, cu, rev, C, need_rd)
+        return dq, dk, dv, None, drd, dh0, None
     if key_gate is None:
         return _backward_unfused(F, q, k, v, ld, rd, h0, o, do, dS, scale, cu, rev, C, need_ld, need_rd) + (None,)
     # the gate folded into k: k' = e^u k, dk = e^u dk', du = Σ_features k' ⊙ dk'

@@ -13,7 +13,8 @@ A log key gate u (k_t enters as e^{u_t} k_t, mLSTM's input gate) is applied wher
 of the forward-role states and of the dQ pass, on the output rows of the dK and dV passes (their rows are key
 steps); its gradient, Σ_features k ⊙ dk per step, is formed by the dK pass's output kernel.
 
-For a left decay only (any kind); a right decay takes the generic path of ula/core/autograd.py."""
+fused_backward: a left decay only (any kind). fused_backward_right: a right decay only (GSA's first pass), the
+same passes with the sides swapped. Both decays together take the generic path of ula/core/autograd.py."""
 import torch
 
 from ..autograd import LOG_DECAY_FLOOR, canonical_left, half_states
@@ -123,3 +124,51 @@ def fused_backward(q, k, v, ld, h0, do, dS, scale, cu_seqlens, rev, C, need_ld, 
     if on:
         return dq, dk, dv, dld, dh0, du, dn0
     return dq, dk, dv, dld, dh0, du
+
+
+def fused_backward_right(q, k, v, rd, h0, o, do, dS, scale, cu_seqlens, rev, C, need_rd):
+    """(dq, dk, dv, drd, dh0) of o = F(q, k, v, None, rd, rev): a right decay alone ([B, T, H, V], GSA's first
+    pass), o the forward's output. fused_backward with the two sides swapped: the decay sits on the V side of the
+    states, so it is the left decay (per feature, over their contraction V) of the dQ and dK passes and the right
+    decay of the dV pass. Its gradient's per-step terms o ⊙ do − v ⊙ dv: o ⊙ do formed once, v ⊙ dv added by the
+    dV pass's output kernel; its border terms, summed over K, by the forward state kernel."""
+    B, T, H, K = q.shape
+    q, k, v, do = q.contiguous(), k.contiguous(), v.contiguous(), do.contiguous()
+    layout = make_layout(B, T, C, cu_seqlens, q.device)
+    c_fwd = chunk_cumsum(rd, layout, rev)
+    c_bwd = chunk_cumsum(rd, layout, not rev)
+    dot = dot_code(q, k, v, do)
+    f32 = torch.float32
+    half = half_states(q) or f32
+    h0f = h0.to(f32).contiguous() if h0 is not None else None
+    dSf = dS.to(f32).contiguous() if dS is not None else None
+    g = chunk_states(q, do, None, c_bwd, dSf, layout, not rev, dot, f32 if need_rd else half, scale=scale)
+    g_border, dh0 = g[0], g[1]
+    del g
+    f = chunk_states(k, v, None, c_fwd, h0f, layout, rev, dot, half, partner=g_border if need_rd else None,
+                     partner_right=True)
+    f_border, X = f[0], f[2]
+    del f
+    dq = chunk_output(do, v, k, c_fwd, None, f_border, h0f if not rev else None, scale, layout, rev, dot, q.dtype,
+                      state_transposed=True)
+    del f_border
+    dk = chunk_output(v, do, q, c_bwd, None, g_border, dSf if rev else None, 1.0, layout, not rev, dot, k.dtype,
+                      scale_intra=scale, state_transposed=True)
+    dg = None
+    if need_rd:
+        dg = (v, (o.float() * do.float()).contiguous(), -1.0, True)
+    dv_out = chunk_output(k, q, do, None, c_bwd, g_border, dSf if rev else None, 1.0, layout, not rev, dot, v.dtype,
+                          scale_intra=scale, dg=dg)
+    del g_border
+    dv, db = (dv_out[0], dv_out[1]) if need_rd else (dv_out, None)
+    if h0 is not None:
+        if not rev:  # the state gradients ran in reverse and leave through the first step
+            dh0 = _final_decay(dh0, None, rd.clamp_min(LOG_DECAY_FLOOR), cu_seqlens)
+        dh0 = dh0.to(h0.dtype)
+    else:
+        dh0 = None
+    drd = None
+    if need_rd:
+        drd = decay_grad_from_terms(db.unsqueeze(0), X, -1.0 if rev else 1.0, rd.shape, T, C, layout.n,
+                                    bounds=_bounds(layout, C), g_mask=rd, floor=LOG_DECAY_FLOOR).to(rd.dtype)
+    return dq, dk, dv, drd, dh0

@@ -114,6 +114,14 @@ def _fused_backward(*args):
 chunk_recurrence_triton.fused_backward = _fused_backward
 
 
+def _fused_backward_right(*args):
+    from .backward import fused_backward_right
+    return fused_backward_right(*args)
+
+
+chunk_recurrence_triton.fused_backward_right = _fused_backward_right
+
+
 def _pick_chunk(ld, rd):
     """Default chunk size, measured on an H100 in bfloat16 at B=2 T=8192 H=16 K=V=128
     (benchmarks/results/core_vs_peers_h100_*.json): 128 is fastest and leaner without per-feature decays;

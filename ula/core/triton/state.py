@@ -104,26 +104,32 @@ def _rows_into_state(S, n, r0, ce, k_base, v_base, c_base, e_base, c_end, f, kc,
 
 
 @triton.jit
-def _border_products(S, partner, X, b_base, bord_off, x_off, ce, eos, kv_off, kc, mk, mkv, H,
-                     DB: tl.constexpr, REVERSE: tl.constexpr, n, partner_n, n_off, n_ok, ONES: tl.constexpr):
-    """Row sums over this V tile of S ⊙ partner at one chunk border, times the decay of the step after the chunk:
-    the border term X of the log-decay gradient (ula/core/decay_grad.py). That step's log decay is in the
-    cumulative sum already: the first row of the next chunk going forward, the chunk's last row in reverse
+def _border_products(S, partner, X, b_base, c_base, bord, i_k, i_v, NKT, NVT, ce, eos, kv_off, kc, vc, mk, mv, mkv, K,
+                     V, H, DB: tl.constexpr, REVERSE: tl.constexpr, n, partner_n, n_off, n_ok, ONES: tl.constexpr,
+                     XR: tl.constexpr):
+    """S ⊙ partner at one chunk border (bord: its index among all [B, H, n]), times the decay of the step after the
+    chunk: the border term X of the log-decay gradient (ula/core/decay_grad.py). A left decay's: row sums over this V
+    tile, per K feature; a right decay's (XR): column sums over this K tile, per V feature. That step's log decay is
+    in the cumulative sum already: the first row of the next chunk going forward, the chunk's last row in reverse
     (0 at a sequence's end)."""
-    p = tl.load(partner + bord_off + kv_off, mask=mkv, other=0.0).to(tl.float32)
-    x = tl.sum(S * p, 1)
-    if ONES:  # the extra columns (n and its partner), in the first V tile's sum
-        x += n * tl.load(partner_n + n_off + kc, mask=n_ok, other=0.0).to(tl.float32)
+    p = tl.load(partner + bord * K * V + kv_off, mask=mkv, other=0.0).to(tl.float32)
     if REVERSE:
         row = ce - 1
     else:
         row = ce
     ok = (ce < eos) | REVERSE  # going forward there is no next chunk at a sequence's end (decay 0 there)
-    if DB > 1:
-        lam = tl.load(b_base + row.to(tl.int64) * H * DB + kc, mask=mk & ok, other=0.0)
+    if XR:
+        lam = tl.load(c_base + row.to(tl.int64) * H * V + vc, mask=mv & ok, other=0.0)
+        tl.store(X + (bord * NKT + i_k) * V + vc, tl.sum(S * p, 0) * tl.exp(lam), mask=mv)
     else:
-        lam = tl.load(b_base + row.to(tl.int64) * H * DB, mask=ok, other=0.0)
-    tl.store(X + x_off + kc, x * tl.exp(lam), mask=mk)
+        x = tl.sum(S * p, 1)
+        if ONES:  # the extra columns (n and its partner), in the first V tile's sum
+            x += n * tl.load(partner_n + n_off + kc, mask=n_ok, other=0.0).to(tl.float32)
+        if DB > 1:
+            lam = tl.load(b_base + row.to(tl.int64) * H * DB + kc, mask=mk & ok, other=0.0)
+        else:
+            lam = tl.load(b_base + row.to(tl.int64) * H * DB, mask=ok, other=0.0)
+        tl.store(X + (bord * NVT + i_v) * K + kc, x * tl.exp(lam), mask=mk)
 
 
 @triton.jit
@@ -132,7 +138,7 @@ def _state_kernel(k, v, b, c, u, h0, border, final, partner, X, n0, n_border, n_
                   DB: tl.constexpr, C: tl.constexpr, NB: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
                   HAS_B: tl.constexpr, HAS_C: tl.constexpr, HAS_H0: tl.constexpr, REVERSE: tl.constexpr,
                   VARLEN: tl.constexpr, DOT: tl.constexpr, HAS_X: tl.constexpr, GATE: tl.constexpr, ONES: tl.constexpr,
-                  HAS_E: tl.constexpr):
+                  HAS_E: tl.constexpr, XR: tl.constexpr):
     i_nh, i_k, i_v = tl.program_id(0), tl.program_id(1), tl.program_id(2)  # sequences x heads on axis 0
     i_n, i_h = i_nh // H, i_nh % H
     if VARLEN:
@@ -146,6 +152,7 @@ def _state_kernel(k, v, b, c, u, h0, border, final, partner, X, n0, n_border, n_
         c0 = 0
         i_b = i_n
     nc = tl.cdiv(eos - bos, C)
+    NKT = tl.num_programs(1)
     kc = i_k * BK + tl.arange(0, BK)
     vc = i_v * BV + tl.arange(0, BV)
     mk, mv = kc < K, vc < V
@@ -177,9 +184,9 @@ def _state_kernel(k, v, b, c, u, h0, border, final, partner, X, n0, n_border, n_
             if ONES:
                 tl.store(n_border + (chunk0 + idx) * K + kc, n, mask=n_ok)
             if HAS_X:
-                _border_products(S, partner, X, b_base, (chunk0 + idx) * K * V, ((chunk0 + idx) * NVT + i_v) * K,
-                                 ce, eos, kv_off, kc, mk, mkv, H, DB, REVERSE, n, partner_n, (chunk0 + idx) * K, n_ok,
-                                 ONES)
+                _border_products(S, partner, X, b_base, c_base, chunk0 + idx, i_k, i_v, NKT, NVT, ce, eos, kv_off, kc,
+                                 vc, mk, mv, mkv, K, V, H, DB, REVERSE, n, partner_n, (chunk0 + idx) * K, n_ok, ONES,
+                                 XR)
         b_end = 0.0
         c_end = 0.0
         if HAS_F and NB <= 2:
@@ -226,22 +233,23 @@ def _state_kernel(k, v, b, c, u, h0, border, final, partner, X, n0, n_border, n_
             if ONES:
                 tl.store(n_border + (chunk0 + idx) * K + kc, n, mask=n_ok)
             if HAS_X:
-                _border_products(S, partner, X, b_base, (chunk0 + idx) * K * V, ((chunk0 + idx) * NVT + i_v) * K,
-                                 ce, eos, kv_off, kc, mk, mkv, H, DB, REVERSE, n, partner_n, (chunk0 + idx) * K, n_ok,
-                                 ONES)
+                _border_products(S, partner, X, b_base, c_base, chunk0 + idx, i_k, i_v, NKT, NVT, ce, eos, kv_off, kc,
+                                 vc, mk, mv, mkv, K, V, H, DB, REVERSE, n, partner_n, (chunk0 + idx) * K, n_ok, ONES,
+                                 XR)
     tl.store(final + (i_n.to(tl.int64) * H + i_h) * K * V + kv_off, S, mask=mkv)
     if ONES:
         tl.store(n_final + (i_n.to(tl.int64) * H + i_h) * K + kc, n, mask=n_ok)
 
 
 def chunk_states(k, v, b, c, h0, layout, reverse, dot, state_dtype=torch.float32, scale=1.0, partner=None, gate=None,
-                 ones=False, n0=None, e=None, partner_n=None):
+                 ones=False, n0=None, e=None, partner_n=None, partner_right=False):
     """k [B, T, H, K], v [B, T, H, V] contiguous; b [Bg, T, H, K|1], c [Bg, T, H, V] chunk-local cumulative
     log decays (or None); h0 [N, H, K, V] float32 contiguous or None; every k_tᵀ v_t enters times `scale` (and
     exp(gate_t) with a log key gate [B, T, H], contiguous).
     Returns the border states [B, H, n, K, V] in state_dtype, the final state [N, H, K, V] float32 (before the
     extra decay of a reverse pass) and, with a partner (the border states of the opposite direction, same
-    shape), the log-decay gradient's border terms [B, H, n, V tiles, K] float32 (else None).
+    shape), the log-decay gradient's border terms [B, H, n, V tiles, K] float32 (else None); partner_right: a right
+    decay's, [B, H, n, K tiles, V].
     ones (decays with one value per step): also the state's column for one more column of v, of ones or of e
     [B, T, H] (float32, contiguous), from n0 [N, H, K] float32 (or zero): returned after X as (n_border [B, H, n, K]
     in state_dtype, n_final [N, H, K] float32); with a partner, its column partner_n joins the border terms."""
@@ -265,7 +273,9 @@ def chunk_states(k, v, b, c, h0, layout, reverse, dot, state_dtype=torch.float32
     if BK > 32 and not is_tuned("state") and (2 * programs <= sms or (one_per_step and programs <= 2 * sms)):
         BK = 32
     NVT = cdiv(V, BV)
-    X = alloc((B, H, layout.n, NVT, K), k.device) if partner is not None else None
+    X = None
+    if partner is not None:
+        X = alloc((B, H, layout.n, cdiv(K, BK), V) if partner_right else (B, H, layout.n, NVT, K), k.device)
     n_border = n_final = None
     if ones:
         assert c is None and (b is None or b.shape[-1] == 1) and (partner is None or partner_n is not None)
@@ -284,7 +294,7 @@ def chunk_states(k, v, b, c, h0, layout, reverse, dot, state_dtype=torch.float32
            (c.stride(0) if c is not None and c.shape[0] > 1 else 0), float(scale),
            DB=DB, C=layout.C, NB=layout.C // BT, BT=BT, BK=BK, BV=BV, HAS_B=b is not None, HAS_C=c is not None,
            HAS_H0=h0 is not None, REVERSE=reverse, VARLEN=layout.varlen, DOT=dot, HAS_X=X is not None,
-           GATE=gate is not None, ONES=ones, HAS_E=e is not None,
+           GATE=gate is not None, ONES=ones, HAS_E=e is not None, XR=partner_right,
            num_warps=W)
     if ones:
         return border, final, X, (n_border, n_final)
