@@ -156,7 +156,8 @@ def fused_backward_right(q, k, v, rd, h0, o, do, dS, scale, cu_seqlens, rev, C, 
                       scale_intra=scale, state_transposed=True)
     dg = None
     if need_rd:
-        dg = (v, (o.float() * do.float()).contiguous(), -1.0, True)
+        # o is float32 (the forward keeps it so for a right decay): one kernel, do promoted on the way
+        dg = (v, ((o if o.dtype == f32 else o.float()) * do).contiguous(), -1.0, True)
     dv_out = chunk_output(k, q, do, None, c_bwd, g_border, dSf if rev else None, 1.0, layout, not rev, dot, v.dtype,
                           scale_intra=scale, dg=dg)
     del g_border
