@@ -1,7 +1,7 @@
 """Sweep of the Triton kernels' tile sizes and warps (ULA_TUNE_<KERNEL>, see ula/core/triton/utils.py):
 forward and forward+backward median ms per configuration, bf16, B=2 T=8192 H=16 K=V=128 (or SHAPE="B,T,H,K,V").
 
-    python3 benchmarks/gpu_tile_sweep.py [vector,vector_c128,none,none_state,state_small:constant]
+    python3 benchmarks/gpu_tile_sweep.py [vector,vector_c128,none,none_state,state_small:constant,state_small:gsa]
                                           # writes $OUT/tile_sweep.json ($OUT/tile_sweep_$TAG.json with TAG set)
 
 The output of each configuration is compared with the default configuration's (a broken tiling shows as
@@ -14,6 +14,7 @@ import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 from gpu_core_vs_peers import measure, ours  # noqa: E402
+from ula.bench import families  # noqa: E402
 from ula.core.triton.utils import set_tuning  # noqa: E402
 
 SHAPE = tuple(int(x) for x in os.environ.get("SHAPE", "2,8192,16,128,128").split(","))
@@ -47,7 +48,9 @@ SWEEP = {
 
 def main():
     out = os.environ.get("OUT", "/tmp")
-    meta = dict(device=torch.cuda.get_device_name(), torch=torch.__version__)
+    import triton
+    meta = dict(device=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
+                command=" ".join(sys.argv), env={k: v for k, v in os.environ.items() if k in ("SHAPE", "TAG")})
     rows = []
     only = sys.argv[1].split(",") if len(sys.argv) > 1 else list(SWEEP)  # e.g. vector,vector_c128
     for item in only:  # name or name:kind (sweeps without a kind of their own, e.g. state_small:vector)
@@ -55,7 +58,10 @@ def main():
         kind, kernel, configs, C = SWEEP[name]
         kind = kind or kind_arg
         torch.manual_seed(0)
-        fn, args = ours(kind, *SHAPE, C=C)
+        if kind in families.CORE_KINDS:
+            fn, args = ours(kind, *SHAPE, C=C)
+        else:  # an op of ula.ops (ula.bench.families), e.g. state_small:gsa
+            fn, args = families.as_args(families.ours(kind, C), families.make(kind, *SHAPE, "cuda", torch.bfloat16))
         with torch.no_grad():
             ref = fn(*args).float()
         for cfg in configs:

@@ -49,3 +49,19 @@ def test_merge_refuses_unlike_runs(tmp_path, change):
                     device="GPU Y" if change == "device" else "GPU X")
     r, _ = _merge(tmp_path, first, second)
     assert r.returncode != 0 and "merge only runs made alike" in r.stderr
+
+
+def test_core_vs_peers_rounds_give_medians_and_spread():
+    """gpu_core_vs_peers.py --rounds: per kernel and shape the median over rounds, the f+b range, the largest peak;
+    rows with an error are left out."""
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "benchmarks"))
+    import gpu_core_vs_peers as cvp
+    row = lambda k, fb, mem, rnd: dict(kernel=k, kind="none", shape="S", fwd_ms=fb / 4, fwdbwd_ms=fb,  # noqa: E731
+                                       peak_mib=mem, round=rnd)
+    rows = [row("ula_none", 1.0, 300, 0), row("ula_none", 1.6, 310, 1), row("ula_none", 1.1, 300, 2),
+            row("fla", 2.0, 700, 0), dict(kernel="fla", shape="S", error="boom", round=1)]
+    got = {r["kernel"]: r for r in cvp._summary(rows)}
+    assert got["ula_none"]["fwdbwd_ms"] == 1.1 and got["ula_none"]["rounds"] == 3
+    assert (got["ula_none"]["fwdbwd_min"], got["ula_none"]["fwdbwd_max"]) == (1.0, 1.6)
+    assert got["ula_none"]["peak_mib"] == 310 and got["ula_none"]["fwd_ms"] == 1.1 / 4
+    assert got["fla"]["rounds"] == 1 and got["fla"]["fwdbwd_ms"] == 2.0
