@@ -27,7 +27,9 @@ SWEEP = {
                                            "64,32,128,8"], None),
     "vector_bt": ("vector", "OUTPUT_VEC", ["16,32,128,4", "32,32,128,4", "32,32,128,8", "32,32,64,4", "32,64,128,8",
                                            "64,32,128,8", "64,64,128,8"], None),
-    "vector_c128": ("vector", "OUTPUT_VEC", ["16,32,64,4", "32,32,64,4", "64,32,64,8"], 128),
+    # chunk 128 with decays per feature: the own block through one reference step (session 9) makes the intra-chunk
+    # work grow less with the chunk, and half the chunks halve the sequential state kernels' steps
+    "vector_c128": ("vector", "OUTPUT_VEC", ["32,32,128,4", "16,32,128,4", "64,32,128,8", "32,64,128,4"], 128),
     "none": ("none", "OUTPUT", ["64,64,64,4", "64,64,128,8", "128,64,64,8", "64,128,64,8", "32,64,64,4",
                                 "64,64,64,8"], None),
     "constant_state": ("constant", "STATE", ["128,64,64,4", "128,64,32,4", "128,32,64,4", "128,32,32,4",
