@@ -1,14 +1,17 @@
-"""The fused backward (ula/core/triton/backward.py) frees its border states as soon as their last reader is done:
+"""The fused backwards (ula/core/triton/backward.py, left and right decays) free its border states as soon as their last reader is done:
 each is one of the largest buffers of a forward+backward ([B, H, T/C, K, V]), and one kept alive a pass too long
 raised the peak by that much (found on an H100 in session 8: +64 MiB at B2 T8192, a tuple held a deleted one)."""
 import weakref
 
+import pytest
 import torch
 
 import ula
 
 
-def test_border_states_are_freed_after_their_last_pass(monkeypatch):
+@pytest.mark.parametrize("side", ["left", "right"])
+def test_border_states_are_freed_after_their_last_pass(monkeypatch, side):
+    """A left decay (fused_backward) and a right decay alone (fused_backward_right, GSA's first pass)."""
     import ula.core.triton.backward as bw
     refs, seen = [], []
     real_states, real_output, real_grad = bw.chunk_states, bw.chunk_output, bw.decay_grad_from_terms
@@ -31,8 +34,11 @@ def test_border_states_are_freed_after_their_last_pass(monkeypatch):
     monkeypatch.setattr(bw, "decay_grad_from_terms", grad)
     B, T, H, K, V = 1, 40, 2, 16, 16
     q, k, v = (torch.randn(B, T, H, d).requires_grad_() for d in (K, K, V))
-    ld = torch.nn.functional.logsigmoid(torch.randn(B, T, H) + 3).requires_grad_()
-    o, _ = ula.linear_attention(q, k, v, ld, chunk_size=16, backend="triton")
+    if side == "left":
+        ld, rd = torch.nn.functional.logsigmoid(torch.randn(B, T, H) + 3).requires_grad_(), None
+    else:
+        ld, rd = None, torch.nn.functional.logsigmoid(torch.randn(B, T, H, V) + 3).requires_grad_()
+    o, _ = ula.linear_attention(q, k, v, ld, rd, chunk_size=16, backend="triton")
     refs.clear()  # the forward's own states
     seen.clear()
     o.sum().backward()
