@@ -1,6 +1,7 @@
-"""The fused backwards (ula/core/triton/backward.py, left and right decays) free its border states as soon as their last reader is done:
-each is one of the largest buffers of a forward+backward ([B, H, T/C, K, V]), and one kept alive a pass too long
-raised the peak by that much (found on an H100 in session 8: +64 MiB at B2 T8192, a tuple held a deleted one)."""
+"""The fused backwards (ula/core/triton/backward.py, for a left decay and for a right decay alone) free their border
+states as soon as their last reader is done: each is one of the largest buffers of a forward+backward ([B, H, T/C,
+K, V]), and one kept alive a pass too long raised the peak by that much (found on an H100 in session 8: +64 MiB at
+B2 T8192, a tuple held a deleted one)."""
 import weakref
 
 import pytest
