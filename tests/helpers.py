@@ -67,14 +67,10 @@ def compare_with_reference(fn, inputs, *, final=True, **kw):
             errs["d" + name] = rel(a.grad, b.grad)
     if inputs[3] is not None and inputs[3].dim() == 1:
         # the final state's share: T steps of decay, each a term the size of |S_T ⊙ dS| (q = k = 0 leaves only it)
-        extra = q_len(inputs) * (S_ref * dS).detach().abs().sum((0, 2, 3)) if final else None
+        extra = inputs[0].shape[1] * (S_ref * dS).detach().abs().sum((0, 2, 3)) if final else None
         errs["dld"] = constant_decay_error(ours[3].grad, refs[3].grad, refs[0], refs[0].grad, refs[1], refs[1].grad,
                                            extra)
     return errs
-
-
-def q_len(inputs):
-    return inputs[0].shape[1]
 
 
 def constant_decay_error(g, g_ref, q, dq, k, dk, extra=None):

@@ -88,7 +88,7 @@ def _offdiag(q_base, k_base, v_base, b_base, u_base, rows, mi, js, ce, vc, mv, K
 
 
 @triton.jit
-def _offdiag_vec(qs, k_base, v_base, b_base, c_base, u_base, rr, r_ok, js, ce, vc, mv, K, V, H, DB: tl.constexpr,
+def _offdiag_vec(qs, k_base, v_base, b_base, c_base, u_base, rr, js, ce, vc, mv, K, V, H, DB: tl.constexpr,
                  BT: tl.constexpr, BKF: tl.constexpr, HAS_B: tl.constexpr, HAS_C: tl.constexpr, GATE: tl.constexpr,
                  DOT: tl.constexpr, OWN: tl.constexpr, rows, REVERSE: tl.constexpr):
     """Decays per feature: the key block starting at js against the rows' q already decayed to the reference
@@ -104,10 +104,10 @@ def _offdiag_vec(qs, k_base, v_base, b_base, c_base, u_base, rr, r_ok, js, ce, v
     kt = tl.load(k_base + rj[:, None] * K + kf[None, :], mask=mj[:, None] & mk[None, :], other=0.0).to(tl.float32)
     if HAS_B:
         if DB > 1:
-            br = tl.load(b_base + rr * DB + kf, mask=mk & r_ok, other=0.0)[None, :]
+            br = tl.load(b_base + rr * DB + kf, mask=mk, other=0.0)[None, :]
             bk = tl.load(b_base + rj[:, None] * DB + kf[None, :], mask=mj[:, None] & mk[None, :], other=0.0)
         else:
-            br = tl.load(b_base + rr * DB, mask=r_ok, other=0.0)
+            br = tl.load(b_base + rr * DB)
             bk = tl.load(b_base + rj * DB, mask=mj, other=0.0)[:, None]
         kt = kt * tl.exp(tl.where(mj[:, None], br - bk, float("-inf")))
     A = mm(qs, tl.trans(kt), DOT)
@@ -118,7 +118,7 @@ def _offdiag_vec(qs, k_base, v_base, b_base, c_base, u_base, rr, r_ok, js, ce, v
             A = tl.where(rows[:, None] >= cols[None, :], A, 0.0)
     vt = _source_v(v_base, u_base, rj, mj, vc, mv, V, GATE, DOT)
     if HAS_C:
-        cr = tl.load(c_base + rr * V + vc, mask=mv & r_ok, other=0.0)
+        cr = tl.load(c_base + rr * V + vc, mask=mv, other=0.0)
         cj = tl.load(c_base + rj[:, None] * V + vc[None, :], mask=mj[:, None] & mv[None, :], other=0.0)
         vt = vt * tl.exp(tl.where(mj[:, None], cr[None, :] - cj, float("-inf")))
     return mm(A, vt, DOT)
@@ -356,11 +356,11 @@ def _output_kernel(q, k, v, b, c, u, border, h0, o, dg_a, dg_out, du_out, n_bord
         if VEC:
             # one reference step r between the rows and every earlier (later in reverse) key block: the rows'
             # first step (last in reverse), so q is decayed to r once for all blocks and c's row side applied once
-            if REVERSE:  # the rows' last step (a chunk's last block may end early: then no key block follows)
+            if REVERSE:  # the rows' last step (a chunk's last block may end early: then no key block follows);
+                # either way r is one of the rows, so its loads need no mask
                 r = tl.minimum(rs + BT, ce) - 1
             else:
                 r = rs
-            r_ok = r < ce
             rr = r.to(tl.int64) * H
             kf = tl.arange(0, BKF)
             mqf = mi[:, None] & (kf < K)[None, :]
@@ -368,10 +368,10 @@ def _output_kernel(q, k, v, b, c, u, border, h0, o, dg_a, dg_out, du_out, n_bord
             if HAS_B:
                 if DB > 1:
                     bq = tl.load(b_base + ri[:, None] * DB + kf[None, :], mask=mqf, other=0.0)
-                    br = tl.load(b_base + rr * DB + kf, mask=(kf < K) & r_ok, other=0.0)[None, :]
+                    br = tl.load(b_base + rr * DB + kf, mask=kf < K, other=0.0)[None, :]
                 else:
                     bq = tl.load(b_base + ri * DB, mask=mi, other=0.0)[:, None]
-                    br = tl.load(b_base + rr * DB, mask=r_ok, other=0.0)
+                    br = tl.load(b_base + rr * DB)
                 qs = qs * tl.exp(tl.where(mi[:, None], bq - br, float("-inf")))
             off = tl.zeros([BT, BV], dtype=tl.float32)
             # the rows' own block: through the same reference step as the key blocks (one matmul) where its log
@@ -379,16 +379,16 @@ def _output_kernel(q, k, v, b, c, u, border, h0, o, dg_a, dg_out, du_out, n_bord
             # by levels (_diag_vec), which forms no factor above 1 (in its own launch: compiled into this one it
             # cost registers and ~15% of every call, B2 T8192 H16 vector decay f+b 3.29 against 2.80 ms)
             if OWN == 1:
-                off += _offdiag_vec(qs, k_base, v_base, b_base, c_base, u_base, rr, r_ok, rs, ce, vc, mv, K, V, H,
+                off += _offdiag_vec(qs, k_base, v_base, b_base, c_base, u_base, rr, rs, ce, vc, mv, K, V, H,
                                     DB, BT, BKF, HAS_B, HAS_C, GATE, DOT, True, rows, REVERSE)
             else:
                 acc += _diag_vec(q_base, k_base, v_base, b_base, c_base, u_base, rows, mi, ce, vc, mv, K, V, H, DB,
                                  BT, BK, BV, LOG_BT, HAS_B, HAS_C, REVERSE, GATE, DOT) * scale_intra
             for js in range(lo, hi, BT):
-                off += _offdiag_vec(qs, k_base, v_base, b_base, c_base, u_base, rr, r_ok, js, ce, vc, mv, K, V, H, DB,
+                off += _offdiag_vec(qs, k_base, v_base, b_base, c_base, u_base, rr, js, ce, vc, mv, K, V, H, DB,
                                     BT, BKF, HAS_B, HAS_C, GATE, DOT, False, rows, REVERSE)
             if HAS_C:  # ci: the rows' c, loaded for the part through the states
-                cr = tl.load(c_base + rr * V + vc, mask=mv & r_ok, other=0.0)
+                cr = tl.load(c_base + rr * V + vc, mask=mv, other=0.0)
                 off = off * tl.exp(tl.where(mi[:, None], ci - cr[None, :], float("-inf")))
             acc += off * scale_intra
         else:

@@ -105,7 +105,7 @@ def _rows_into_state(S, n, r0, ce, k_base, v_base, c_base, e_base, c_end, f, kc,
 
 @triton.jit
 def _border_products(S, partner, X, b_base, c_base, bord, i_k, i_v, NKT, NVT, ce, eos, kv_off, kc, vc, mk, mv, mkv, K,
-                     V, H, DB: tl.constexpr, REVERSE: tl.constexpr, n, partner_n, n_off, n_ok, ONES: tl.constexpr,
+                     V, H, DB: tl.constexpr, REVERSE: tl.constexpr, n, partner_n, n_ok, ONES: tl.constexpr,
                      XR: tl.constexpr):
     """S ⊙ partner at one chunk border (bord: its index among all [B, H, n]), times the decay of the step after the
     chunk: the border term X of the log-decay gradient (ula/core/decay_grad.py). A left decay's: row sums over this V
@@ -124,7 +124,7 @@ def _border_products(S, partner, X, b_base, c_base, bord, i_k, i_v, NKT, NVT, ce
     else:
         x = tl.sum(S * p, 1)
         if ONES:  # the extra columns (n and its partner), in the first V tile's sum
-            x += n * tl.load(partner_n + n_off + kc, mask=n_ok, other=0.0).to(tl.float32)
+            x += n * tl.load(partner_n + bord * K + kc, mask=n_ok, other=0.0).to(tl.float32)
         if DB > 1:
             lam = tl.load(b_base + row.to(tl.int64) * H * DB + kc, mask=mk & ok, other=0.0)
         else:
@@ -185,8 +185,7 @@ def _state_kernel(k, v, b, c, u, h0, border, final, partner, X, n0, n_border, n_
                 tl.store(n_border + (chunk0 + idx) * K + kc, n, mask=n_ok)
             if HAS_X:
                 _border_products(S, partner, X, b_base, c_base, chunk0 + idx, i_k, i_v, NKT, NVT, ce, eos, kv_off, kc,
-                                 vc, mk, mv, mkv, K, V, H, DB, REVERSE, n, partner_n, (chunk0 + idx) * K, n_ok, ONES,
-                                 XR)
+                                 vc, mk, mv, mkv, K, V, H, DB, REVERSE, n, partner_n, n_ok, ONES, XR)
         b_end = 0.0
         c_end = 0.0
         if HAS_F and NB <= 2:
@@ -234,8 +233,7 @@ def _state_kernel(k, v, b, c, u, h0, border, final, partner, X, n0, n_border, n_
                 tl.store(n_border + (chunk0 + idx) * K + kc, n, mask=n_ok)
             if HAS_X:
                 _border_products(S, partner, X, b_base, c_base, chunk0 + idx, i_k, i_v, NKT, NVT, ce, eos, kv_off, kc,
-                                 vc, mk, mv, mkv, K, V, H, DB, REVERSE, n, partner_n, (chunk0 + idx) * K, n_ok, ONES,
-                                 XR)
+                                 vc, mk, mv, mkv, K, V, H, DB, REVERSE, n, partner_n, n_ok, ONES, XR)
     tl.store(final + (i_n.to(tl.int64) * H + i_h) * K * V + kv_off, S, mask=mkv)
     if ONES:
         tl.store(n_final + (i_n.to(tl.int64) * H + i_h) * K + kc, n, mask=n_ok)
