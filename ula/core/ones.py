@@ -64,21 +64,22 @@ class _OnesFn(torch.autograd.Function):
         from .triton.cumsum import chunk_cumsum
         from .triton.output import chunk_output
         from .triton.state import chunk_states
-        from .triton.utils import dot_code
+        from .triton.utils import DOT_TF32, dot_code, state_dot
         B, T, H, K = q.shape
         f32 = torch.float32
         q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
         layout = make_layout(B, T, C, cu_seqlens, q.device)
         dot = dot_code(q, k, v)
+        sdot = state_dot(dot)
         gl = canonical_left(ld, T)
         b = chunk_cumsum(gl, layout, False) if gl is not None else None
         uc = u.contiguous() if u is not None else None
         h0 = S0.to(f32).contiguous() if S0 is not None else None
         nz = n0.to(f32).contiguous() if n0 is not None else None
-        border, S, _, (nb, n) = chunk_states(k, v, b, None, h0, layout, False, dot, half_states(q) or f32, gate=uc,
-                                             ones=True, n0=nz)
+        sdt = f32 if sdot == DOT_TF32 else half_states(q) or f32
+        border, S, _, (nb, n) = chunk_states(k, v, b, None, h0, layout, False, sdot, sdt, gate=uc, ones=True, n0=nz)
         o, den = chunk_output(q, k, v, b, None, border, h0, scale, layout, False, dot, v.dtype, gate=uc,
-                              ones=(nb, nz))
+                              ones=(nb, nz), state_dot=sdot)
         ctx.save_for_backward(q, k, v, ld, u, S0, n0)
         ctx.cfg = (scale, cu_seqlens, C)
         return o, den, S, n

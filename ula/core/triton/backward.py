@@ -23,7 +23,7 @@ from .cumsum import chunk_cumsum
 from .decay_grad import decay_grad_from_terms
 from .output import chunk_output
 from .state import chunk_states
-from .utils import DOT_F32, dot_code
+from .utils import DOT_F32, DOT_TF32, dot_code, state_dot
 
 
 def _bounds(layout, C):
@@ -53,9 +53,10 @@ def fused_backward(q, k, v, ld, h0, do, dS, scale, cu_seqlens, rev, C, need_ld, 
     wide = need_ld and ld.dim() == 1
     dot = dot_code(q, k, v, do)
     dot_w = DOT_F32 if wide else dot
+    sdot = state_dot(dot_w)  # the states path's matmuls (tf32 with ULA_STATE_PRECISION=tf32)
     f32 = torch.float32
     # border states in bfloat16 where only matmuls read them; float32 where the decay gradient does
-    half = half_states(q) or f32
+    half = f32 if sdot == DOT_TF32 else half_states(q) or f32
     h0f = h0.to(f32).contiguous() if h0 is not None else None
     dSf = dS.to(f32).contiguous() if dS is not None else None
     u = key_gate.contiguous() if key_gate is not None else None
@@ -73,13 +74,13 @@ def fused_backward(q, k, v, ld, h0, do, dS, scale, cu_seqlens, rev, C, need_ld, 
             dnf = dn.to(f32).contiguous() if dn is not None else dSf.new_zeros(dSf.shape[:-1])
 
     # the state gradients (the dK and dV passes' states, one kernel): Σ qᵀ (scale dO), entering with dS
-    g = chunk_states(q, do, b_bwd, None, dSf, layout, not rev, dot_w, f32 if need_ld else half, scale=scale,
+    g = chunk_states(q, do, b_bwd, None, dSf, layout, not rev, sdot, f32 if need_ld else half, scale=scale,
                      ones=on, n0=dnf, e=e)
     g_border, dh0 = g[0], g[1]
     g_n, dn0 = g[3] if on else (None, None)
     del g  # the tuple would keep g_border alive past its `del` below (one border-sized buffer at the peak)
     # the forward's states (the dQ pass's), and the decay gradient's border terms against the state gradients
-    f = chunk_states(k, v, b_fwd, None, h0f, layout, rev, dot_w, f32 if wide else half,
+    f = chunk_states(k, v, b_fwd, None, h0f, layout, rev, sdot, f32 if wide else half,
                      partner=g_border if need_ld else None, gate=u, ones=on, n0=n0f,
                      partner_n=g_n if need_ld else None)
     f_border, X = f[0], f[2]
@@ -91,17 +92,17 @@ def fused_backward(q, k, v, ld, h0, do, dS, scale, cu_seqlens, rev, C, need_ld, 
     # forward-direction passes read their initial state through the output kernel (transposed like the states)
     dq_out = chunk_output(do, v, k, left_q, right_q, f_border, h0f if not rev else None, scale, layout, rev, dot_w,
                           q.dtype, state_transposed=True, gate=u, dg=(q, None, 1.0, vec) if need_ld else None,
-                          rank_one=(1, e, f_n, n0f) if on else None)
+                          rank_one=(1, e, f_n, n0f) if on else None, state_dot=sdot)
     dq, db = (dq_out[0], dq_out[1]) if need_ld else (dq_out, None)
     del f_border
     extras = need_ld or u is not None
     dk_out = chunk_output(v, do, q, left_k, right_k, g_border, dSf if rev else None, 1.0, layout, not rev, dot_w,
                           k.dtype, scale_intra=scale, state_transposed=True, gate=u, gate_rows=True,
                           dg=(k, db, -1.0, vec) if need_ld else None, du_of=k if u is not None else None,
-                          rank_one=(2, e, g_n, None) if on else None)
+                          rank_one=(2, e, g_n, None) if on else None, state_dot=sdot)
     dk, du = (dk_out[0], dk_out[2]) if extras else (dk_out, None)
     dv = chunk_output(k, q, do, b_bwd, None, g_border, dSf if rev else None, 1.0, layout, not rev, dot, v.dtype,
-                      scale_intra=scale, gate=u, gate_rows=True)
+                      scale_intra=scale, gate=u, gate_rows=True, state_dot=state_dot(dot))
     del g_border
     if h0 is not None:
         if not rev and gl is not None:  # the state gradients ran in reverse and leave through the first step
@@ -138,28 +139,29 @@ def fused_backward_right(q, k, v, rd, h0, o, do, dS, scale, cu_seqlens, rev, C, 
     c_fwd = chunk_cumsum(rd, layout, rev)
     c_bwd = chunk_cumsum(rd, layout, not rev)
     dot = dot_code(q, k, v, do)
+    sdot = state_dot(dot)  # the states path's matmuls (tf32 with ULA_STATE_PRECISION=tf32)
     f32 = torch.float32
-    half = half_states(q) or f32
+    half = f32 if sdot == DOT_TF32 else half_states(q) or f32
     h0f = h0.to(f32).contiguous() if h0 is not None else None
     dSf = dS.to(f32).contiguous() if dS is not None else None
-    g = chunk_states(q, do, None, c_bwd, dSf, layout, not rev, dot, f32 if need_rd else half, scale=scale)
+    g = chunk_states(q, do, None, c_bwd, dSf, layout, not rev, sdot, f32 if need_rd else half, scale=scale)
     g_border, dh0 = g[0], g[1]
     del g
-    f = chunk_states(k, v, None, c_fwd, h0f, layout, rev, dot, half, partner=g_border if need_rd else None,
+    f = chunk_states(k, v, None, c_fwd, h0f, layout, rev, sdot, half, partner=g_border if need_rd else None,
                      partner_right=True)
     f_border, X = f[0], f[2]
     del f
     dq = chunk_output(do, v, k, c_fwd, None, f_border, h0f if not rev else None, scale, layout, rev, dot, q.dtype,
-                      state_transposed=True)
+                      state_transposed=True, state_dot=sdot)
     del f_border
     dk = chunk_output(v, do, q, c_bwd, None, g_border, dSf if rev else None, 1.0, layout, not rev, dot, k.dtype,
-                      scale_intra=scale, state_transposed=True)
+                      scale_intra=scale, state_transposed=True, state_dot=sdot)
     dg = None
     if need_rd:
         # o is float32 (the forward keeps it so for a right decay): one kernel, do promoted on the way
         dg = (v, ((o if o.dtype == f32 else o.float()) * do).contiguous(), -1.0, True)
     dv_out = chunk_output(k, q, do, None, c_bwd, g_border, dSf if rev else None, 1.0, layout, not rev, dot, v.dtype,
-                          scale_intra=scale, dg=dg)
+                          scale_intra=scale, dg=dg, state_dot=sdot)
     del g_border
     dv, db = (dv_out[0], dv_out[1]) if need_rd else (dv_out, None)
     if h0 is not None:

@@ -10,7 +10,7 @@ from .cumsum import chunk_cumsum
 from .decay_grad import log_decay_grad_triton
 from .output import chunk_output
 from .state import chunk_states
-from .utils import cdiv, dot_code
+from .utils import DOT_TF32, cdiv, dot_code, state_dot
 
 
 @dataclass
@@ -69,9 +69,9 @@ def chunk_recurrence_triton(q, k, v, gl=None, gr=None, *, scale=1.0, initial_sta
     operands in half precision where the inputs are). float64 inputs go to the PyTorch chunk path.
     Returns o [B, T, H, V] (out_dtype, default float32), the final state [B|N, H, K, V] float32 and the border
     states [B, H, n, K, V] (state_dtype, default float32; bfloat16 halves their traffic, as the output reads
-    them back as matmul operands anyway): going forward the state after each chunk, in reverse the state entering each
-    chunk from its right end. key_gate: None or a log key gate [B, T, H]: k_t enters as exp(key_gate_t) k_t
-    (not with float64 inputs)."""
+    them back as matmul operands anyway; always float32 on the tf32 states path, utils.state_dot): going forward
+    the state after each chunk, in reverse the state entering each chunk from its right end. key_gate: None or a
+    log key gate [B, T, H]: k_t enters as exp(key_gate_t) k_t (not with float64 inputs)."""
     if gr is not None and gr.shape[-1] == 1:  # a scalar decay commutes: carry it on the left
         gl, gr = (gr if gl is None else gl + gr), None
     if torch.float64 in (q.dtype, k.dtype, v.dtype):
@@ -84,11 +84,15 @@ def chunk_recurrence_triton(q, k, v, gl=None, gr=None, *, scale=1.0, initial_sta
     h0 = None if initial_state is None else initial_state.to(torch.float32).contiguous()
     layout = make_layout(B, T, C, cu_seqlens, q.device)
     dot = dot_code(q, k, v)
+    sdot = state_dot(dot)
+    if sdot == DOT_TF32:  # the tf32 states path keeps its border states in float32
+        state_dtype = torch.float32
     b = chunk_cumsum(gl, layout, reverse) if gl is not None else None
     c = chunk_cumsum(gr, layout, reverse) if gr is not None else None
     u = key_gate.contiguous() if key_gate is not None else None
-    border, final, _ = chunk_states(k, v, b, c, h0, layout, reverse, dot, state_dtype or torch.float32, gate=u)
-    o = chunk_output(q, k, v, b, c, border, h0, scale, layout, reverse, dot, out_dtype or torch.float32, gate=u)
+    border, final, _ = chunk_states(k, v, b, c, h0, layout, reverse, sdot, state_dtype or torch.float32, gate=u)
+    o = chunk_output(q, k, v, b, c, border, h0, scale, layout, reverse, dot, out_dtype or torch.float32, gate=u,
+                     state_dot=sdot)
     if reverse and (gl is not None or gr is not None):
         final = _final_decay(final, gl, gr, cu_seqlens)
     return o, final, border

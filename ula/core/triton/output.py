@@ -257,7 +257,7 @@ def _output_kernel(q, k, v, b, c, u, border, h0, o, dg_a, dg_out, du_out, n_bord
                    HAS_H0: tl.constexpr, REVERSE: tl.constexpr, VARLEN: tl.constexpr, DOT: tl.constexpr,
                    LOG_BT: tl.constexpr, DG: tl.constexpr, DG_ACC: tl.constexpr, BKF: tl.constexpr,
                    GATE: tl.constexpr, HAS_DU: tl.constexpr, ONES: tl.constexpr, R1: tl.constexpr, OWN: tl.constexpr,
-                   OWN_MAX: tl.constexpr):
+                   OWN_MAX: tl.constexpr, SDOT: tl.constexpr):
     i_r, i_v, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)  # row blocks on axis 0 (up to 2^31)
     i_b, i_h = i_bh // H, i_bh % H
     i_c = i_r // NRB
@@ -303,7 +303,8 @@ def _output_kernel(q, k, v, b, c, u, border, h0, o, dg_a, dg_out, du_out, n_bord
             kc = kk + tl.arange(0, BK)
             mk = kc < K
             mik = mi[:, None] & mk[None, :]
-            qt = operand(tl.load(q_base + ri[:, None] * K + kc[None, :], mask=mik, other=0.0), DOT)
+            # SDOT: the matmul code of this part (chunk_output's state_dot), its q tile loaded for it
+            qt = operand(tl.load(q_base + ri[:, None] * K + kc[None, :], mask=mik, other=0.0), SDOT)
             if HAS_B and DB > 1:
                 qt = qt * tl.exp(tl.load(b_base + ri[:, None] * DB + kc[None, :], mask=mik, other=0.0))
             kv_off = kc[:, None] * s_sk + vc[None, :] * s_sv  # (1, K) reads a state stored transposed
@@ -315,7 +316,7 @@ def _output_kernel(q, k, v, b, c, u, border, h0, o, dg_a, dg_out, du_out, n_bord
                 st = tl.load(tl.where(first, h_ptr, s_ptr) + kv_off, mask=mkv, other=0.0).to(tl.float32)
             else:
                 st = tl.load(s_ptr + kv_off, mask=mkv & from_border, other=0.0).to(tl.float32)
-            acc += mm(qt, st, DOT)
+            acc += mm(qt, st, SDOT)
             if ONES:
                 nt = tl.load(nb_ptr + kc, mask=mk & from_border, other=0.0).to(tl.float32)
                 if HAS_H0:
@@ -424,7 +425,7 @@ def _output_kernel(q, k, v, b, c, u, border, h0, o, dg_a, dg_out, du_out, n_bord
 
 def chunk_output(q, k, v, b, c, border, h0, scale, layout, reverse, dot, out_dtype=torch.float32, *,
                  scale_intra=None, state_transposed=False, gate=None, gate_rows=False, dg=None, du_of=None, ones=None,
-                 rank_one=None):
+                 rank_one=None, state_dot=None):
     """o [B, T, H, V] in out_dtype from q, k [B, T, H, K], v [B, T, H, V] (contiguous), the chunk-local cumulative
     log decays b [Bg, T, H, K|1], c [Bg, T, H, V] (or None) and the border states of kernel 2.
 
@@ -441,7 +442,8 @@ def chunk_output(q, k, v, b, c, border, h0, scale, layout, reverse, dot, out_dty
     step, forward); returned as (o, den);
     rank_one = (mode, e [B, T, H] float32, n_border [B, H, n, V], n0 [N, H, V] or None): one more feature in the scores,
     e of the rows (mode 1) or of the keys (mode 2) against 1 on the other side, whose state part is n_border (and n0
-    for the first chunk going forward): the backward's dQ and dK passes of a column of ones in v (ula/core/ones.py)."""
+    for the first chunk going forward): the backward's dQ and dK passes of a column of ones in v (ula/core/ones.py);
+    state_dot: the matmul code of the part through the states (utils.state_dot), default `dot`."""
     B, T, H, K = q.shape
     V = v.shape[-1]
     vec = (b is not None and b.shape[-1] > 1) or c is not None
@@ -498,7 +500,7 @@ def chunk_output(q, k, v, b, c, border, h0, scale, layout, reverse, dot, out_dty
               REVERSE=reverse, VARLEN=layout.varlen, DOT=dot, LOG_BT=BT.bit_length() - 1,
               DG=dg_mode, DG_ACC=dg_acc, BKF=block(K, 256),
               GATE=0 if gate is None else (2 if gate_rows else 1), HAS_DU=du_out is not None, ONES=den is not None,
-              R1=r1, OWN_MAX=OWN_RANGE if dot != DOT_F16 else -1.0)
+              R1=r1, OWN_MAX=OWN_RANGE if dot != DOT_F16 else -1.0, SDOT=dot if state_dot is None else state_dot)
     for own in ((1, 2) if vec else (0,)):
         # the levels' launch (the rare path) at 8 warps: at 4, 32-row blocks spill up to 1 KB per thread on sm_90
         launch(_output_kernel, grid, *args, num_warps=max(W, 8) if own == 2 and not is_tuned(name) else W, **cx,

@@ -41,10 +41,17 @@ if INTERPRET:
     _interpreter_index_shim()
 
 # operand type of tl.dot: 0 float32 ("ieee", no tf32), 1 float16, 2 bfloat16 (float32 accumulate in every case);
-# 3: float32 tiles rounded to bfloat16 precision at the dot, the interpreter's stand-in for 2 (ULA_EMULATE_BF16=1)
-DOT_F32, DOT_F16, DOT_BF16, DOT_BF16_EMULATED = 0, 1, 2, 3
+# 3: float32 tiles rounded to bfloat16 precision at the dot, the interpreter's stand-in for 2 (ULA_EMULATE_BF16=1);
+# 4: float32 tiles at tf32 (10 mantissa bits, 3 more than bfloat16) for the states path of half-precision inputs
+# (state_dot): the states' own rounding dominates the bf16 error (benchmarks/results/bf16_error_study_gla_cpu.txt)
+DOT_F32, DOT_F16, DOT_BF16, DOT_BF16_EMULATED, DOT_TF32 = 0, 1, 2, 3, 4
 # Precision studies on a CPU: under the interpreter every matmul operand is rounded as a GPU's bfloat16 dot would
 EMULATE_BF16 = INTERPRET and os.environ.get("ULA_EMULATE_BF16") == "1"
+# ULA_STATE_PRECISION=tf32 (opt-in, read once; tests set STATE_TF32): half-precision inputs take the states path
+# (the state kernel's matmuls, the output kernel's q @ S) in tf32 with float32 border states
+STATE_TF32 = os.environ.get("ULA_STATE_PRECISION") == "tf32"
+# how mm takes DOT_TF32: 0 a GPU's tf32 dot, 1 the interpreter's (float32), 2 operands rounded to tf32 (emulation)
+_TF32_MODE = tl.constexpr(2 if EMULATE_BF16 else 1 if INTERPRET else 0)
 
 
 def alloc(shape, device, dtype=torch.float32):
@@ -77,6 +84,12 @@ def dot_code(*tensors):
     if torch.float16 in dts:
         return DOT_F16
     return DOT_F32
+
+
+def state_dot(dot):
+    """The matmul code of the states path for inputs whose dot code is `dot`: DOT_TF32 where
+    ULA_STATE_PRECISION=tf32 and the inputs take half-precision operands (border states then float32), else dot."""
+    return DOT_TF32 if STATE_TF32 and dot in (DOT_F16, DOT_BF16, DOT_BF16_EMULATED) else dot
 
 
 @triton.jit
@@ -116,6 +129,14 @@ def round_bf16(x):
 
 
 @triton.jit
+def round_tf32(x):
+    """float32 x rounded to the nearest tf32 (10 explicit mantissa bits, ties to even), kept in float32."""
+    bits = x.to(tl.uint32, bitcast=True)
+    bits = (bits + 0xFFF + ((bits >> 13) & 1)) & 0xFFFFE000
+    return bits.to(tl.float32, bitcast=True)
+
+
+@triton.jit
 def cast_dot(x, DOT: tl.constexpr):
     if DOT == 1:
         return x.to(tl.float16)
@@ -129,7 +150,7 @@ def cast_dot(x, DOT: tl.constexpr):
 def operand(x, DOT: tl.constexpr):
     """A loaded tile as a matmul operand: kept in its own (half) precision when the dot takes half precision,
     float32 otherwise (no float32 round trip for tiles that go straight into a dot)."""
-    if DOT == 0 or DOT == 3:
+    if DOT == 0 or DOT == 3 or DOT == 4:
         return x.to(tl.float32)
     else:
         return x
@@ -137,11 +158,18 @@ def operand(x, DOT: tl.constexpr):
 
 @triton.jit
 def mm(a, b, DOT: tl.constexpr):
-    """a @ b with float32 accumulation; float32 operands in full precision (no tf32)."""
+    """a @ b with float32 accumulation; float32 operands in full precision (no tf32) except with DOT_TF32."""
     if DOT == 0:
         return tl.dot(a, b, input_precision="ieee")
     elif DOT == 3:
         return tl.dot(round_bf16(a.to(tl.float32)), round_bf16(b.to(tl.float32)), input_precision="ieee")
+    elif DOT == 4:
+        if _TF32_MODE == 2:  # the interpreter's stand-in, as for DOT 3 (its own tf32 dot is plain float32)
+            return tl.dot(round_tf32(a.to(tl.float32)), round_tf32(b.to(tl.float32)), input_precision="ieee")
+        elif _TF32_MODE == 1:
+            return tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
+        else:
+            return tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="tf32")
     else:
         return tl.dot(cast_dot(a, DOT), cast_dot(b, DOT))
 

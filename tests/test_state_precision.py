@@ -1,0 +1,147 @@
+"""The opt-in tf32 states path (ULA_STATE_PRECISION=tf32, ula/core/triton/utils.py state_dot): with half-precision
+inputs the state kernel's matmuls and the output kernel's q @ S take DOT_TF32 (float32 under the interpreter) and the
+border states are float32. Forward and every gradient against the float64 reference recurrence, in float32 (the
+switch leaves it alone) and float16 (the path taken: every launch's codes are recorded), odd length, initial and
+final state, through the forward, fused_backward (left decays), fused_backward_right (a right decay alone), the
+generic backward (both decays) and the normalizer's forward (ula/core/ones.py)."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+pytest.importorskip("triton")
+
+import ula  # noqa: E402
+from helpers import compare_with_reference, fresh_seed, make_inputs, rel  # noqa: E402
+from ula.core.triton import output, state, utils  # noqa: E402
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+TOL = {torch.float32: 1e-4, torch.float16: 1e-2}  # tests/test_triton.py's TOL32, TOL16
+
+
+@pytest.fixture
+def tf32_states(monkeypatch):
+    """The switch on; returns the (DOT, SDOT) codes of every state / output kernel launch (SDOT None: a state
+    kernel, whose DOT is the states path's)."""
+    monkeypatch.setattr(utils, "STATE_TF32", True)
+    seen = []
+
+    def spy(real, is_output):
+        def launch(kernel, grid, *args, **cx):
+            seen.append((cx["DOT"], cx["SDOT"] if is_output else None))
+            return real(kernel, grid, *args, **cx)
+        return launch
+
+    monkeypatch.setattr(output, "launch", spy(output.launch, True))
+    monkeypatch.setattr(state, "launch", spy(state.launch, False))
+    return seen
+
+
+def _check_codes(seen, dtype):
+    assert seen, "no state or output kernel ran"
+    if dtype == torch.float16:
+        assert {d for d, s in seen if s is None} == {utils.DOT_TF32}, seen   # every state kernel
+        assert {s for d, s in seen if s is not None} == {utils.DOT_TF32}, seen  # every output kernel's q @ S
+        assert utils.DOT_F16 in {d for d, s in seen if s is not None}, seen  # intra-chunk matmuls stay half
+    else:
+        assert utils.DOT_TF32 not in {c for pair in seen for c in pair}, seen
+
+
+def _on(inputs, dtype):
+    return tuple(None if x is None else x.to(DEVICE).to(dtype) if i < 3 else x.to(DEVICE)
+                 for i, x in enumerate(inputs))
+
+
+def _check(errs, seed, dtype):
+    bad = {k: f"{v:.2e}" for k, v in errs.items() if not v <= TOL[dtype]}
+    assert not bad, f"relative errors over {TOL[dtype]}: {bad} (seed {seed})"
+
+
+def _gla(q, k, v, ld, rd, **kw):
+    assert rd is None
+    return ula.gla(q, k, v, ld, chunk_size=32, backend="triton", **kw)
+
+
+def _la(q, k, v, ld, rd, **kw):
+    return ula.linear_attention(q, k, v, ld, rd, chunk_size=32, backend="triton", **kw)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["f32", "f16"])
+@pytest.mark.parametrize("case", ["gla", "scalar-rev", "right", "vector+right"])
+def test_against_reference(tf32_states, case, dtype):
+    """gla: fused_backward, decays per feature; scalar-rev: one decay per step, reverse; right: a right decay
+    alone (fused_backward_right); vector+right: both decays (the generic backward_pass)."""
+    seed = fresh_seed()
+    kind, right = {"gla": ("vector", False), "scalar-rev": ("scalar", False), "right": ("none", True),
+                   "vector+right": ("vector", True)}[case]
+    inputs = _on(make_inputs(kind, right, 1, 67, 2, 16, 24), dtype)
+    fn = _gla if case == "gla" else _la
+    kw = dict(reverse=True) if case == "scalar-rev" else {}
+    _check(compare_with_reference(fn, inputs, **kw), seed, dtype)
+    _check_codes(tf32_states, dtype)
+
+
+def test_border_states_float32(tf32_states):
+    """Border states asked for in bfloat16 come back float32 on the tf32 path (float16 inputs take it here)."""
+    from ula.core.triton import chunk_recurrence_triton
+    q, k, v = (torch.randn(1, 40, 1, 16, device=DEVICE, dtype=torch.float16) for _ in range(3))
+    _, _, border = chunk_recurrence_triton(q, k, v, chunk_size=16, state_dtype=torch.bfloat16)
+    assert border.dtype == torch.float32
+    utils.STATE_TF32 = False  # restored by monkeypatch
+    _, _, border = chunk_recurrence_triton(q, k, v, chunk_size=16, state_dtype=torch.bfloat16)
+    assert border.dtype == torch.bfloat16
+
+
+def test_ones_float16(tf32_states):
+    """The normalizer's forward (ula/core/ones.py) and its fused backward on the tf32 path, against the float64
+    reference recurrence on [v, 1]."""
+    from ula.core.ones import linear_attention_with_ones
+    seed = fresh_seed()
+    B, T, H, K, V = 1, 67, 2, 16, 16
+    q, k, v = (torch.randn(B, T, H, K), torch.randn(B, T, H, K) * K ** -0.5, torch.randn(B, T, H, V))
+    q, k, v = (x.half() for x in (q, k, v))
+    ld = F.logsigmoid(torch.randn(B, T, H) + 2)
+    S0, n0 = torch.randn(B, H, K, V) * 0.3, torch.randn(B, H, K) * 0.3
+    leaves = [q, k, v, S0, n0, ld]
+    for x in leaves:
+        x.requires_grad_()
+    o, den, (S, n) = linear_attention_with_ones(q, k, v, ld, initial_state=(S0, n0), output_final_state=True,
+                                                chunk_size=32, backend="triton")
+    ws = [torch.randn(t.shape, dtype=torch.float64) for t in (o, den, S, n)]
+    loss = sum((a.double() * w).sum() for a, w in zip((o, den, S, n), ws))
+    got = [o, den, S, n] + list(torch.autograd.grad(loss, leaves))
+    d = [x.detach().double().requires_grad_() for x in leaves]
+    q2, k2, v2, S02, n02, ld2 = d
+    o2, S2 = ula.linear_attention(q2, k2, torch.cat([v2, torch.ones_like(v2[..., :1])], -1), ld2,
+                                  initial_state=torch.cat([S02, n02.unsqueeze(-1)], -1), output_final_state=True,
+                                  backend="reference")
+    want = [o2[..., :V], o2[..., V], S2[..., :V], S2[..., V]]
+    loss2 = sum((a * w).sum() for a, w in zip(want, ws))
+    want += list(torch.autograd.grad(loss2, d))
+    names = ["o", "den", "S", "n", "dq", "dk", "dv", "dS0", "dn0", "dld"]
+    errs = {name: rel(a, b) for name, a, b in zip(names, got, want)}
+    _check(errs, seed, torch.float16)
+    _check_codes(tf32_states, torch.float16)
+
+
+def test_round_tf32():
+    """round_tf32 (DOT_TF32's operands under ULA_EMULATE_BF16=1) against rounding in float64: to a multiple of
+    2^(e - 10) for |x| in [2^e, 2^(e + 1)), ties to even (ties included)."""
+    import numpy as np
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def _round(x, y, n, BLOCK: tl.constexpr):
+        i = tl.arange(0, BLOCK)
+        tl.store(y + i, utils.round_tf32(tl.load(x + i, mask=i < n, other=0.0)), mask=i < n)
+
+    x = (torch.randn(4096, dtype=torch.float64) * 2.0 ** torch.randint(-20, 20, (4096,))).float()
+    x[:8] = torch.tensor([1 + 2 ** -11, 1 + 3 * 2 ** -11, -(1 + 2 ** -11), 1 + 2 ** -11 + 2 ** -20, 0.0,
+                          2 - 2 ** -12, 1.0, -3.0])  # ties to even (down, up), above a tie, carry into the exponent
+    y = torch.empty(x.shape, device=DEVICE)
+    _round[(1,)](x.to(DEVICE), y, x.numel(), BLOCK=4096)
+    xd = x.double().numpy()
+    e = np.floor(np.log2(np.where(xd == 0, 1.0, np.abs(xd))))
+    ulp = 2.0 ** (e - 10)
+    want = np.round(xd / ulp) * ulp  # numpy rounds halves to even
+    assert np.array_equal(y.cpu().double().numpy(), want)
