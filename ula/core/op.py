@@ -150,5 +150,13 @@ class _Eager(torch.autograd.Function):
 def run(q, k, v, ld, rd, h0, cu_seqlens, scale, reverse, chunk_size, backend, kg=None):
     """(o, final state, o kept for a right decay's gradient): the custom op while compiling, else the eager
     autograd.Function (same functions inside)."""
-    op = linear_attention_fwd if torch.compiler.is_compiling() else _Eager.apply
+    if torch.compiler.is_compiling():
+        op = linear_attention_fwd
+    else:
+        op = _Eager.apply
+        if q.is_cuda:  # a new configuration's kernels compiled in parallel before its first run
+            F = chunk_fn(backend, q.device)
+            if F.__module__.startswith("ula.core.triton"):
+                from .triton.precompile import ensure_compiled
+                ensure_compiled(F, q, k, v, ld, rd, h0, cu_seqlens, scale, reverse, chunk_size, kg)
     return op(q, k, v, ld, rd, h0, cu_seqlens, scale, reverse, chunk_size, backend, kg)

@@ -270,6 +270,11 @@ def chunk_states(k, v, b, c, h0, layout, reverse, dot, state_dtype=torch.float32
     one_per_step = b is not None and b.shape[-1] == 1 and c is None
     if BK > 32 and not is_tuned("state") and (2 * programs <= sms or (one_per_step and programs <= 2 * sms)):
         BK = 32
+    # a small state (GSA's m = 64 slots on one side) under one program per multiprocessor: 32 x 32 tiles at 4
+    # warps, four times the programs (H100 B2 T8192 H16 GSA f+b, chunk 64: 5.21 -> 4.99 ms; chunk 128: 4.77,
+    # tile_sweep_h100_session10_gsa*.json)
+    if min(K, V) <= 64 and programs < sms and not is_tuned("state"):
+        BK, BV, W = min(BK, 32), min(BV, 32), 4
     NVT = cdiv(V, BV)
     X = None
     if partner is not None:

@@ -1,4 +1,5 @@
 """Small shared pieces of the Triton backend: output allocation, block sizes, the dot with the right precision."""
+import contextlib
 import os
 
 import torch
@@ -227,9 +228,30 @@ _LAUNCHES = {}
 _LAUNCH_CACHE_MAX = 4096
 
 
+_DRY = [False]
+
+
+@contextlib.contextmanager
+def dry_launches():
+    """Inside, `launch` only asks Triton to compile (its warmup, which AsyncCompileMode makes asynchronous) and
+    runs nothing: precompile.py's dry run of a call."""
+    _DRY[0] = True
+    try:
+        yield
+    finally:
+        _DRY[0] = False
+
+
+def _warmup(kernel, grid, args, num_warps, constexprs):
+    kernel.warmup(*args, grid=grid, num_warps=num_warps, **constexprs)
+
+
 def launch(kernel, grid, *args, num_warps=4, **constexprs):
     """kernel[grid](*args, num_warps=num_warps, **constexprs), with the host's cost of a repeated launch cut to a
     cache lookup. Every runtime argument positionally and in order, every constexpr by name."""
+    if _DRY[0]:
+        _warmup(kernel, grid, args, num_warps, constexprs)
+        return
     hooks = knobs.runtime.launch_enter_hook
     if INTERPRET or (hooks is not None and getattr(hooks, "calls", True)):  # a profiler's hooks: Triton's path
         _launch_fitting(kernel, grid, args, num_warps, constexprs)

@@ -1,0 +1,63 @@
+"""The first call's parallel compile (ula/core/triton/precompile.py): its dry run must ask for every kernel
+configuration that the real forward+backward launches, or those are compiled one by one as before. Under the
+interpreter nothing compiles, so the requests and the real launches are recorded and compared."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+import ula
+from ula.core.triton import chunk_recurrence_triton, precompile, utils
+
+B, T, H, K, V = 2, 45, 2, 32, 16
+
+
+def _config(kernel, num_warps, constexprs):
+    return kernel.fn.__name__ if hasattr(kernel, "fn") else repr(kernel), num_warps, tuple(sorted(constexprs.items()))
+
+
+def _inputs(case, g):
+    r = lambda *s, sc=1.0: (torch.randn(*s, generator=g) * sc).requires_grad_()  # noqa: E731
+    q, k, v = r(B, T, H, K, sc=K ** -0.5), r(B, T, H, K, sc=K ** -0.5), r(B, T, H, V)
+    lsig = lambda *s: F.logsigmoid(torch.randn(*s, generator=g) + 2).requires_grad_()  # noqa: E731
+    ld = rd = kg = None
+    if case == "vector":
+        ld = lsig(B, T, H, K)
+    elif case == "scalar_key_gate":
+        ld, kg = lsig(B, T, H), torch.randn(B, T, H, generator=g).requires_grad_()
+    elif case == "right":  # GSA's first pass
+        rd = lsig(B, T, H, V)
+    return q, k, v, ld, rd, kg
+
+
+@pytest.mark.parametrize("case", ["none", "vector", "scalar_key_gate", "right"])
+def test_dry_run_asks_for_every_launch_of_the_real_call(case, monkeypatch):
+    g = torch.Generator().manual_seed(3)
+    q, k, v, ld, rd, kg = _inputs(case, g)
+    asked, launched = set(), set()
+    monkeypatch.setattr(utils, "_warmup", lambda kernel, grid, args, w, cx: asked.add(_config(kernel, w, cx)))
+    precompile.dry_run(chunk_recurrence_triton, q, k, v, ld, rd, None, None, K ** -0.5, False, 16, kg, True)
+    assert asked, "the dry run asked for no compile"
+    real = utils._launch_fitting
+
+    def record(kernel, grid, args, w, cx):
+        launched.add(_config(kernel, w, cx))
+        return real(kernel, grid, args, w, cx)
+
+    monkeypatch.setattr(utils, "_launch_fitting", record)
+    from ula.core.op import run
+    o, S, _ = run(q, k, v, ld, rd, None, None, K ** -0.5, False, 16, "triton", kg)
+    o.float().pow(2).sum().backward()
+    assert launched, "the real call launched nothing through utils.launch"
+    assert launched <= asked, f"launched but not asked for: {launched - asked}"
+    assert not utils._DRY[0]
+
+
+def test_dry_run_swallows_errors_and_leaves_launches_live(monkeypatch):
+    def boom(*a, **kw):
+        raise RuntimeError("inside the dry run")
+    monkeypatch.setattr(utils, "_warmup", boom)
+    q = torch.randn(1, 8, 1, 16)
+    precompile.dry_run(chunk_recurrence_triton, q, q, q, None, None, None, None, 1.0, False, 16, None, True)
+    assert not utils._DRY[0]
+    o, _ = ula.linear_attention(q, q, q, backend="triton")  # a real run after it still computes
+    assert torch.isfinite(o).all()
