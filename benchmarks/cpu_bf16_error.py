@@ -22,6 +22,8 @@ def main():
     ap.add_argument("--op", default="gla", choices=["gla", "scalar", "none"])
     ap.add_argument("--shape", default="1,256,2,64,64")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--gpu-inputs", action="store_true",
+                    help="the GPU quality test's inputs (ula/bench/families.make: q scaled K^-0.5, gates logsigmoid(x + 4))")
     a = ap.parse_args()
     B, T, H, K, V = (int(x) for x in a.shape.split(","))
     torch.manual_seed(a.seed)
@@ -29,6 +31,10 @@ def main():
     q, k, v = rb(torch.randn(B, T, H, K)), rb(torch.randn(B, T, H, K) * K ** -0.5), rb(torch.randn(B, T, H, V))
     g = {"gla": F.logsigmoid(torch.randn(B, T, H, K) + 3) / 16, "scalar": F.logsigmoid(torch.randn(B, T, H) + 3),
          "none": None}[a.op]
+    if a.gpu_inputs:
+        q = rb(q * K ** -0.5)
+        g = {"gla": F.logsigmoid(torch.randn(B, T, H, K) + 4), "scalar": F.logsigmoid(torch.randn(B, T, H) + 4),
+             "none": None}[a.op]
     do = torch.randn(B, T, H, V)
 
     def run(backend, dt):

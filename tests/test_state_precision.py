@@ -145,3 +145,25 @@ def test_round_tf32():
     ulp = 2.0 ** (e - 10)
     want = np.round(xd / ulp) * ulp  # numpy rounds halves to even
     assert np.array_equal(y.cpu().double().numpy(), want)
+
+
+@pytest.mark.parametrize("reverse", [False, True], ids=["fwd", "rev"])
+def test_own_block_tf32(monkeypatch, reverse):
+    """ULA_OWN_PRECISION=tf32 (utils.own_dot): with bfloat16 operands (the interpreter's emulated ones here) the
+    rows' own block of decays per feature takes tf32 in the output kernel's single-matmul path; every other
+    matmul keeps the bfloat16 code. Against float64 within bfloat16 tolerance, forward and all gradients."""
+    monkeypatch.setattr(utils, "EMULATE_BF16", True)
+    monkeypatch.setattr(utils, "OWN_TF32", True)
+    seen = []
+    real = output.launch
+
+    def spy(kernel, grid, *args, **cx):
+        seen.append((cx["DOT"], cx["ODOT"]))
+        return real(kernel, grid, *args, **cx)
+
+    monkeypatch.setattr(output, "launch", spy)
+    seed = fresh_seed()
+    inputs = _on(make_inputs("vector", False, 1, 67, 2, 16, 24), torch.float32)
+    _check(compare_with_reference(_la, inputs, reverse=reverse), seed, torch.float16)
+    assert seen and {d for d, o in seen} == {utils.DOT_BF16_EMULATED}, seen
+    assert {o for d, o in seen} == {utils.DOT_TF32}, seen

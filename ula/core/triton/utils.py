@@ -51,6 +51,10 @@ EMULATE_BF16 = INTERPRET and os.environ.get("ULA_EMULATE_BF16") == "1"
 # ULA_STATE_PRECISION=tf32 (opt-in, read once; tests set STATE_TF32): half-precision inputs take the states path
 # (the state kernel's matmuls, the output kernel's q @ S) in tf32 with float32 border states
 STATE_TF32 = os.environ.get("ULA_STATE_PRECISION") == "tf32"
+# ULA_OWN_PRECISION=tf32 (opt-in, an experiment): decays per feature take the rows' own block (scores and their
+# product with v) in tf32: its least-decayed terms carry most of the output (CPU emulation with the GPU test's
+# gates: GLA o 2.84e-3 -> 2.24e-3 with its scores exact, benchmarks/results/bf16_error_study_gla_gpu_inputs_cpu.txt)
+OWN_TF32 = os.environ.get("ULA_OWN_PRECISION") == "tf32"
 # how mm takes DOT_TF32: 0 a GPU's tf32 dot, 1 the interpreter's (float32), 2 operands rounded to tf32 (emulation)
 _TF32_MODE = tl.constexpr(2 if EMULATE_BF16 else 1 if INTERPRET else 0)
 
@@ -91,6 +95,12 @@ def state_dot(dot):
     """The matmul code of the states path for inputs whose dot code is `dot`: DOT_TF32 where
     ULA_STATE_PRECISION=tf32 and the inputs take half-precision operands (border states then float32), else dot."""
     return DOT_TF32 if STATE_TF32 and dot in (DOT_F16, DOT_BF16, DOT_BF16_EMULATED) else dot
+
+
+def own_dot(dot):
+    """The matmul code of the own block's single-matmul path (decays per feature): DOT_TF32 where
+    ULA_OWN_PRECISION=tf32 and the inputs take bfloat16 operands, else dot."""
+    return DOT_TF32 if OWN_TF32 and dot in (DOT_BF16, DOT_BF16_EMULATED) else dot
 
 
 @triton.jit
