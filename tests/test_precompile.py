@@ -35,7 +35,8 @@ def test_dry_run_asks_for_every_launch_of_the_real_call(case, monkeypatch):
     q, k, v, ld, rd, kg = _inputs(case, g)
     asked, launched = set(), set()
     monkeypatch.setattr(utils, "_warmup", lambda kernel, grid, args, w, cx: asked.add(_config(kernel, w, cx)))
-    precompile.dry_run(chunk_recurrence_triton, q, k, v, ld, rd, None, None, K ** -0.5, False, 16, kg, True)
+    precompile.dry(lambda: precompile.core_forward_backward(chunk_recurrence_triton, q, k, v, ld, rd, None, None,
+                                                           K ** -0.5, False, 16, kg, True))
     assert asked, "the dry run asked for no compile"
     real = utils._launch_fitting
 
@@ -52,12 +53,36 @@ def test_dry_run_asks_for_every_launch_of_the_real_call(case, monkeypatch):
     assert not utils._DRY[0]
 
 
+@pytest.mark.parametrize("case", ["normalizer", "scalar_key_gate"])
+def test_dry_run_of_the_column_of_ones(case, monkeypatch):
+    """The same for linear attention with its column of ones (ula/core/ones.py: mLSTMexp, normalized attention)."""
+    from ula.core import ones
+    g = torch.Generator().manual_seed(5)
+    q, k, v, ld, _, kg = _inputs("scalar_key_gate" if case == "scalar_key_gate" else "none", g)
+    asked, launched = set(), set()
+    monkeypatch.setattr(utils, "_warmup", lambda kernel, grid, args, w, cx: asked.add(_config(kernel, w, cx)))
+    precompile.dry(lambda: ones._dry_ones(q, k, v, ld, kg, None, None, K ** -0.5, None, 16, True))
+    real = utils._launch_fitting
+
+    def record(kernel, grid, args, w, cx):
+        launched.add(_config(kernel, w, cx))
+        return real(kernel, grid, args, w, cx)
+
+    monkeypatch.setattr(utils, "_launch_fitting", record)
+    o, den, _ = ones.linear_attention_with_ones(q, k, v, ld, scale=K ** -0.5, chunk_size=16, backend="triton",
+                                                key_gate=kg)
+    (o.float().pow(2).sum() + den.float().pow(2).sum()).backward()
+    assert launched, "the real call launched nothing through utils.launch"
+    assert launched <= asked, f"launched but not asked for: {launched - asked}"
+
+
 def test_dry_run_swallows_errors_and_leaves_launches_live(monkeypatch):
     def boom(*a, **kw):
         raise RuntimeError("inside the dry run")
     monkeypatch.setattr(utils, "_warmup", boom)
     q = torch.randn(1, 8, 1, 16)
-    precompile.dry_run(chunk_recurrence_triton, q, q, q, None, None, None, None, 1.0, False, 16, None, True)
+    precompile.dry(lambda: precompile.core_forward_backward(chunk_recurrence_triton, q, q, q, None, None, None, None,
+                                                           1.0, False, 16, None, True))
     assert not utils._DRY[0]
     o, _ = ula.linear_attention(q, q, q, backend="triton")  # a real run after it still computes
     assert torch.isfinite(o).all()

@@ -53,44 +53,71 @@ def linear_attention_with_ones(q, k, v, ld=None, *, scale=None, initial_state=No
                          f"{tuple(S0.shape[:-1])}, got {None if n0 is None else tuple(n0.shape)}")
     scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
     C = int(chunk_size) if chunk_size is not None else chunk_fn(backend, q.device).pick_chunk(ld, None)
+    if q.is_cuda:  # a new configuration's kernels compiled in parallel before its first run
+        from .triton.precompile import compile_in_parallel, grad_wanted
+        grad = grad_wanted(q, k, v, ld, key_gate, S0, n0)
+        compile_in_parallel(("ones", q, k, v, ld, key_gate, S0, n0, cu_seqlens, C, grad), q,
+                            lambda: _dry_ones(q, k, v, ld, key_gate, S0, n0, scale, cu_seqlens, C, grad))
     o, den, S, n = _OnesFn.apply(q, k, v, ld, key_gate, S0, n0, scale, cu_seqlens, C)
     return o, den, ((S, n) if output_final_state else None)
+
+
+def _ones_forward(q, k, v, ld, u, S0, n0, scale, cu_seqlens, C):
+    """(o, den, S, n) on the Triton kernels; q, k, v contiguous."""
+    from .triton.chunk import make_layout
+    from .triton.cumsum import chunk_cumsum
+    from .triton.output import chunk_output
+    from .triton.state import chunk_states
+    from .triton.utils import DOT_TF32, dot_code, state_dot
+    B, T, H, K = q.shape
+    f32 = torch.float32
+    layout = make_layout(B, T, C, cu_seqlens, q.device)
+    dot = dot_code(q, k, v)
+    sdot = state_dot(dot)
+    gl = canonical_left(ld, T)
+    b = chunk_cumsum(gl, layout, False) if gl is not None else None
+    uc = u.contiguous() if u is not None else None
+    h0 = S0.to(f32).contiguous() if S0 is not None else None
+    nz = n0.to(f32).contiguous() if n0 is not None else None
+    sdt = f32 if sdot == DOT_TF32 else half_states(q) or f32
+    border, S, _, (nb, n) = chunk_states(k, v, b, None, h0, layout, False, sdot, sdt, gate=uc, ones=True, n0=nz)
+    o, den = chunk_output(q, k, v, b, None, border, h0, scale, layout, False, dot, v.dtype, gate=uc,
+                          ones=(nb, nz), state_dot=sdot)
+    return o, den, S, n
+
+
+def _ones_backward(q, k, v, ld, u, S0, n0, do, dden, dS, dn, scale, cu_seqlens, C, need_ld):
+    from .triton.backward import fused_backward
+    return fused_backward(q, k, v, ld, S0, do, dS, scale, cu_seqlens, False, C, need_ld, u, ones=(dden, n0, dn))
+
+
+def _dry_ones(q, k, v, ld, u, S0, n0, scale, cu_seqlens, C, grad):
+    """Forward and (with grad) backward of one call, for precompile.py's dry run."""
+    q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
+    o, den, S, n = _ones_forward(q, k, v, ld, u, S0, n0, scale, cu_seqlens, C)
+    if grad:
+        _ones_backward(q, k, v, ld, u, S0, n0, torch.empty_like(o), torch.empty_like(den), None, None, scale,
+                       cu_seqlens, C, ld is not None and ld.requires_grad)
 
 
 class _OnesFn(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, ld, u, S0, n0, scale, cu_seqlens, C):
-        from .triton.chunk import make_layout
-        from .triton.cumsum import chunk_cumsum
-        from .triton.output import chunk_output
-        from .triton.state import chunk_states
-        from .triton.utils import DOT_TF32, dot_code, state_dot
-        B, T, H, K = q.shape
-        f32 = torch.float32
         q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
-        layout = make_layout(B, T, C, cu_seqlens, q.device)
-        dot = dot_code(q, k, v)
-        sdot = state_dot(dot)
-        gl = canonical_left(ld, T)
-        b = chunk_cumsum(gl, layout, False) if gl is not None else None
-        uc = u.contiguous() if u is not None else None
-        h0 = S0.to(f32).contiguous() if S0 is not None else None
-        nz = n0.to(f32).contiguous() if n0 is not None else None
-        sdt = f32 if sdot == DOT_TF32 else half_states(q) or f32
-        border, S, _, (nb, n) = chunk_states(k, v, b, None, h0, layout, False, sdot, sdt, gate=uc, ones=True, n0=nz)
-        o, den = chunk_output(q, k, v, b, None, border, h0, scale, layout, False, dot, v.dtype, gate=uc,
-                              ones=(nb, nz), state_dot=sdot)
+        o, den, S, n = _ones_forward(q, k, v, ld, u, S0, n0, scale, cu_seqlens, C)
         ctx.save_for_backward(q, k, v, ld, u, S0, n0)
         ctx.cfg = (scale, cu_seqlens, C)
+        # unused outputs' gradients arrive as None, not zero tensors (an unused final state would enter the
+        # backward's state kernel as a zero dS: a fill and an extra load per step)
+        ctx.set_materialize_grads(False)
         return o, den, S, n
 
     @staticmethod
     def backward(ctx, do, dden, dS, dn):
-        from .triton.backward import fused_backward
         q, k, v, ld, u, S0, n0 = ctx.saved_tensors
         scale, cu_seqlens, C = ctx.cfg
         do = do if do is not None else torch.zeros_like(v)
         need_ld = ld is not None and ctx.needs_input_grad[3]
-        dq, dk, dv, dld, dS0, du, dn0 = fused_backward(q, k, v, ld, S0, do, dS, scale, cu_seqlens, False, C, need_ld,
-                                                       u, ones=(dden, n0, dn))
+        dq, dk, dv, dld, dS0, du, dn0 = _ones_backward(q, k, v, ld, u, S0, n0, do, dden, dS, dn, scale, cu_seqlens, C,
+                                                       need_ld)
         return dq, dk, dv, dld, du, dS0, (None if dn0 is None else dn0.to(n0.dtype)), None, None, None

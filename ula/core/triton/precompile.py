@@ -1,13 +1,13 @@
-"""Parallel compilation of a core call's kernels on its first call (issue 3: a new shape's first call within
-20 s). A forward+backward launches 10-25 distinct kernel configurations; Triton compiles each on first launch,
-one after another (~1.5 s each for sm_90). Here the call is first run "dry": every launch becomes a compile
-request (Triton's warmup, no kernel runs) handed to a thread pool through Triton's AsyncCompileMode, whose
-compiles run mostly outside the GIL (MLIR/LLVM passes, ptxas). The real call then finds them compiled.
+"""Parallel compilation of a call's kernels on its first call (issue 3: a new shape's first call within 20 s).
+A forward+backward launches 10-25 distinct kernel configurations; Triton compiles each on first launch, one
+after another (~1.5 s each for sm_90). Here the call is first run "dry": every launch becomes a compile request
+(Triton's warmup, no kernel runs) handed to a thread pool through Triton's AsyncCompileMode, whose compiles run
+mostly outside the GIL (MLIR/LLVM passes, ptxas). The real call then finds them compiled.
 
 Best effort: the dry run's outputs are never read, a launch it misses (host code that reads a kernel's result)
 is compiled serially by the real call as before, and any error inside it is dropped (the real call reports it).
 Once per configuration key per process; skipped under the interpreter, while tracing, or when
-ULA_PRECOMPILE=0."""
+ULA_PRECOMPILE=0. Users: the core op (ula/core/op.py) and the column-of-ones op (ula/core/ones.py)."""
 import os
 from concurrent.futures import ThreadPoolExecutor
 
@@ -19,27 +19,26 @@ _SEEN = set()
 _ENABLED = os.environ.get("ULA_PRECOMPILE", "1") != "0" and not utils.INTERPRET
 
 
-def _kind(x):
-    """What of an optional tensor changes the kernels: absent, its shape's rank / last size, dtype, grad."""
-    if x is None:
-        return None
-    return (x.dim(), x.shape[-1], x.dtype, x.requires_grad)
+def _sig(x):
+    """What of an argument can change the kernels: a tensor's dtype, rank, last size, which sizes are multiples
+    of 16 (Triton specializes integers on it), whether it needs a gradient; anything else as it is."""
+    if isinstance(x, torch.Tensor):
+        return (x.dtype, x.dim(), x.shape[-1] if x.dim() else None, tuple(s % 16 == 0 for s in x.shape),
+                x.requires_grad, x.device)
+    return x
 
 
-def _key(q, k, v, ld, rd, h0, cu_seqlens, scale, reverse, chunk_size, kg, grad):
-    # sizes that reach the kernels as constexprs or specializations (divisibility by 16) and the optional parts
-    B, T, H, K = q.shape
-    return (q.device, q.dtype, k.dtype, v.dtype, H % 16 == 0, T % 16 == 0, K, v.shape[-1], _kind(ld), _kind(rd),
-            _kind(h0), cu_seqlens is not None, reverse, chunk_size, _kind(kg), grad, B * T * H > 2 ** 31 // K)
+def grad_wanted(*tensors):
+    """Whether the call's backward will run (as autograd will see it)."""
+    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
 
 
-def ensure_compiled(F, q, k, v, ld, rd, h0, cu_seqlens, scale, reverse, chunk_size, kg):
-    """Before a core call's first run with this configuration: its forward (and, where gradients will be asked,
-    its backward) dry, the compiles in parallel."""
+def compile_in_parallel(parts, q, thunk):
+    """Before a call's first run with the configuration `parts` (its arguments): thunk() (its forward and, where
+    wanted, backward) dry, the compiles in parallel."""
     if not _ENABLED or not q.is_cuda or torch.compiler.is_compiling():
         return
-    grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (q, k, v, ld, rd, h0, kg))
-    key = _key(q, k, v, ld, rd, h0, cu_seqlens, scale, reverse, chunk_size, kg, grad)
+    key = tuple(_sig(x) for x in parts)
     if key in _SEEN:
         return
     _SEEN.add(key)
@@ -51,19 +50,32 @@ def ensure_compiled(F, q, k, v, ld, rd, h0, cu_seqlens, scale, reverse, chunk_si
         return
     with ThreadPoolExecutor(max_workers=min(32, os.cpu_count() or 1)) as pool:
         with AsyncCompileMode(pool, ignore_errors=True):
-            dry_run(F, q, k, v, ld, rd, h0, cu_seqlens, scale, reverse, chunk_size, kg, grad)
+            dry(thunk)
 
 
-def dry_run(F, q, k, v, ld, rd, h0, cu_seqlens, scale, reverse, chunk_size, kg, grad):
-    """The call's forward (and backward, with grad) with every launch a compile request (utils.dry_launches)."""
-    from ..autograd import backward_pass, forward_pass
+def dry(thunk):
+    """thunk() with every launch a compile request (utils.dry_launches), errors dropped."""
     with utils.dry_launches(), torch.no_grad():
         try:
-            o, _ = forward_pass(F, q, k, v, ld, rd, h0, scale, cu_seqlens, reverse, chunk_size, kg)
-            if grad:
-                need_ld = ld is not None and ld.requires_grad
-                need_rd = rd is not None and rd.requires_grad
-                backward_pass(F, q, k, v, ld, rd, h0, o if rd is not None else None, torch.empty_like(v), None,
-                              scale, cu_seqlens, reverse, chunk_size, need_ld, need_rd, kg)
+            thunk()
         except Exception:  # noqa: BLE001  (best effort: the real call raises what is wrong)
             pass
+
+
+def core_forward_backward(F, q, k, v, ld, rd, h0, cu_seqlens, scale, reverse, chunk_size, kg, grad):
+    """The core op's forward and (with grad) backward as its autograd Function runs them, for a dry run."""
+    from ..autograd import backward_pass, forward_pass
+    o, _ = forward_pass(F, q, k, v, ld, rd, h0, scale, cu_seqlens, reverse, chunk_size, kg)
+    if grad:
+        need_ld = ld is not None and ld.requires_grad
+        need_rd = rd is not None and rd.requires_grad
+        backward_pass(F, q, k, v, ld, rd, h0, o if rd is not None else None, torch.empty_like(v), None, scale,
+                      cu_seqlens, reverse, chunk_size, need_ld, need_rd, kg)
+
+
+def ensure_compiled(F, q, k, v, ld, rd, h0, cu_seqlens, scale, reverse, chunk_size, kg):
+    """The core op's call (ula/core/op.py `run`)."""
+    grad = grad_wanted(q, k, v, ld, rd, h0, kg)
+    compile_in_parallel(("core", q, k, v, ld, rd, h0, cu_seqlens, reverse, chunk_size, kg, grad), q,
+                        lambda: core_forward_backward(F, q, k, v, ld, rd, h0, cu_seqlens, scale, reverse, chunk_size,
+                                                      kg, grad))
