@@ -22,7 +22,8 @@ TOL = {torch.float32: 1e-4, torch.float16: 1e-2}  # tests/test_triton.py's TOL32
 def tf32_states(monkeypatch):
     """The switch on; returns the (DOT, SDOT) codes of every state / output kernel launch (SDOT None: a state
     kernel, whose DOT is the states path's)."""
-    monkeypatch.setattr(utils, "STATE_TF32", True)
+    from ula.core import precision
+    monkeypatch.setitem(precision.TF32, "states", True)
     seen = []
 
     def spy(real, is_output):
@@ -86,7 +87,7 @@ def test_border_states_float32(tf32_states):
     q, k, v = (torch.randn(1, 40, 1, 16, device=DEVICE, dtype=torch.float16) for _ in range(3))
     _, _, border = chunk_recurrence_triton(q, k, v, chunk_size=16, state_dtype=torch.bfloat16)
     assert border.dtype == torch.float32
-    utils.STATE_TF32 = False  # restored by monkeypatch
+    ula.set_precision(states="default")  # restored by monkeypatch
     _, _, border = chunk_recurrence_triton(q, k, v, chunk_size=16, state_dtype=torch.bfloat16)
     assert border.dtype == torch.bfloat16
 
@@ -153,7 +154,8 @@ def test_own_block_tf32(monkeypatch, reverse):
     rows' own block of decays per feature takes tf32 in the output kernel's single-matmul path; every other
     matmul keeps the bfloat16 code. Against float64 within bfloat16 tolerance, forward and all gradients."""
     monkeypatch.setattr(utils, "EMULATE_BF16", True)
-    monkeypatch.setattr(utils, "OWN_TF32", True)
+    from ula.core import precision
+    monkeypatch.setitem(precision.TF32, "own_block", True)
     seen = []
     real = output.launch
 
@@ -167,3 +169,18 @@ def test_own_block_tf32(monkeypatch, reverse):
     _check(compare_with_reference(_la, inputs, reverse=reverse), seed, torch.float16)
     assert seen and {d for d, o in seen} == {utils.DOT_BF16_EMULATED}, seen
     assert {o for d, o in seen} == {utils.DOT_TF32}, seen
+
+
+def test_set_precision_switches_and_restores(monkeypatch):
+    """ula.set_precision: the public switch of the same flags; a bad value names the argument and the choices."""
+    from ula.core import precision
+    monkeypatch.setattr(precision, "TF32", dict(precision.TF32))
+    before = ula.set_precision(states="tf32")
+    assert utils.state_dot(utils.DOT_BF16) == utils.DOT_TF32 and utils.state_dot(utils.DOT_F32) == utils.DOT_F32
+    assert utils.own_dot(utils.DOT_BF16) == (utils.DOT_TF32 if before["own_block"] == "tf32" else utils.DOT_BF16)
+    ula.set_precision(own_block="tf32")
+    assert utils.own_dot(utils.DOT_BF16) == utils.DOT_TF32 and utils.own_dot(utils.DOT_F16) == utils.DOT_F16
+    ula.set_precision(**before)
+    assert utils.state_dot(utils.DOT_BF16) == (utils.DOT_TF32 if before["states"] == "tf32" else utils.DOT_BF16)
+    with pytest.raises(ValueError, match="states must be one of"):
+        ula.set_precision(states="fp32")

@@ -9,6 +9,8 @@ import triton.language as tl
 from triton import knobs
 from triton.runtime import driver
 
+from .. import precision
+
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 # read once: looking up the environment per allocation costs the host microseconds on every call
 POISON = os.environ.get("ULA_POISON_OUTPUTS") == "1"
@@ -48,13 +50,7 @@ if INTERPRET:
 DOT_F32, DOT_F16, DOT_BF16, DOT_BF16_EMULATED, DOT_TF32 = 0, 1, 2, 3, 4
 # Precision studies on a CPU: under the interpreter every matmul operand is rounded as a GPU's bfloat16 dot would
 EMULATE_BF16 = INTERPRET and os.environ.get("ULA_EMULATE_BF16") == "1"
-# ULA_STATE_PRECISION=tf32 (opt-in, read once; tests set STATE_TF32): half-precision inputs take the states path
-# (the state kernel's matmuls, the output kernel's q @ S) in tf32 with float32 border states
-STATE_TF32 = os.environ.get("ULA_STATE_PRECISION") == "tf32"
-# ULA_OWN_PRECISION=tf32 (opt-in, an experiment): decays per feature take the rows' own block (scores and their
-# product with v) in tf32: its least-decayed terms carry most of the output (CPU emulation with the GPU test's
-# gates: GLA o 2.84e-3 -> 2.24e-3 with its scores exact, benchmarks/results/bf16_error_study_gla_gpu_inputs_cpu.txt)
-OWN_TF32 = os.environ.get("ULA_OWN_PRECISION") == "tf32"
+# DOT_TF32's users: the opt-in precision switches of ula/core/precision.py (`ula.set_precision`)
 # how mm takes DOT_TF32: 0 a GPU's tf32 dot, 1 the interpreter's (float32), 2 operands rounded to tf32 (emulation)
 _TF32_MODE = tl.constexpr(2 if EMULATE_BF16 else 1 if INTERPRET else 0)
 
@@ -94,13 +90,13 @@ def dot_code(*tensors):
 def state_dot(dot):
     """The matmul code of the states path for inputs whose dot code is `dot`: DOT_TF32 where
     ULA_STATE_PRECISION=tf32 and the inputs take half-precision operands (border states then float32), else dot."""
-    return DOT_TF32 if STATE_TF32 and dot in (DOT_F16, DOT_BF16, DOT_BF16_EMULATED) else dot
+    return DOT_TF32 if precision.TF32["states"] and dot in (DOT_F16, DOT_BF16, DOT_BF16_EMULATED) else dot
 
 
 def own_dot(dot):
     """The matmul code of the own block's single-matmul path (decays per feature): DOT_TF32 where
     ULA_OWN_PRECISION=tf32 and the inputs take bfloat16 operands, else dot."""
-    return DOT_TF32 if OWN_TF32 and dot in (DOT_BF16, DOT_BF16_EMULATED) else dot
+    return DOT_TF32 if precision.TF32["own_block"] and dot in (DOT_BF16, DOT_BF16_EMULATED) else dot
 
 
 @triton.jit
