@@ -1,6 +1,7 @@
 """Small shared pieces of the Triton backend: output allocation, block sizes, the dot with the right precision."""
 import contextlib
 import os
+import threading
 
 import torch
 from torch import Tensor
@@ -234,18 +235,18 @@ _LAUNCHES = {}
 _LAUNCH_CACHE_MAX = 4096
 
 
-_DRY = [False]
+_DRY = threading.local()  # per thread: another thread's launches meanwhile must run
 
 
 @contextlib.contextmanager
 def dry_launches():
-    """Inside, `launch` only asks Triton to compile (its warmup, which AsyncCompileMode makes asynchronous) and
-    runs nothing: precompile.py's dry run of a call."""
-    _DRY[0] = True
+    """Inside, this thread's `launch` only asks Triton to compile (its warmup, which AsyncCompileMode makes
+    asynchronous) and runs nothing: precompile.py's dry run of a call."""
+    _DRY.on = True
     try:
         yield
     finally:
-        _DRY[0] = False
+        _DRY.on = False
 
 
 def _warmup(kernel, grid, args, num_warps, constexprs):
@@ -255,7 +256,7 @@ def _warmup(kernel, grid, args, num_warps, constexprs):
 def launch(kernel, grid, *args, num_warps=4, **constexprs):
     """kernel[grid](*args, num_warps=num_warps, **constexprs), with the host's cost of a repeated launch cut to a
     cache lookup. Every runtime argument positionally and in order, every constexpr by name."""
-    if _DRY[0]:
+    if getattr(_DRY, "on", False):
         _warmup(kernel, grid, args, num_warps, constexprs)
         return
     hooks = knobs.runtime.launch_enter_hook
