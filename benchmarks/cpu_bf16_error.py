@@ -22,6 +22,7 @@ def main():
     ap.add_argument("--op", default="gla", choices=["gla", "scalar", "none"])
     ap.add_argument("--shape", default="1,256,2,64,64")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--chunk", type=int, default=64)
     ap.add_argument("--gpu-inputs", action="store_true",
                     help="the GPU quality test's inputs (ula/bench/families.make: q scaled K^-0.5, gates logsigmoid(x + 4))")
     a = ap.parse_args()
@@ -40,7 +41,7 @@ def main():
     def run(backend, dt):
         xs = [t.to(dt).clone().requires_grad_() for t in (q, k, v) + ((g,) if g is not None else ())]
         if a.op == "gla":
-            o, _ = ula.gla(*xs, backend=backend, chunk_size=64)
+            o, _ = ula.gla(*xs, backend=backend, chunk_size=a.chunk)
         else:
             o, _ = ula.linear_attention(*xs, backend=backend)
         (o.double() * do.double()).sum().backward()
