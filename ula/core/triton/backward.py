@@ -15,6 +15,8 @@ steps); its gradient, Σ_features k ⊙ dk per step, is formed by the dK pass's 
 
 fused_backward: a left decay only (any kind). fused_backward_right: a right decay only (GSA's first pass), the
 same passes with the sides swapped. Both decays together take the generic path of ula/core/autograd.py."""
+from typing import NamedTuple
+
 import torch
 
 from ..autograd import LOG_DECAY_FLOOR, canonical_left, half_states
@@ -34,6 +36,45 @@ def _bounds(layout, C):
     return layout.chunk_start, ends.to(torch.int32).contiguous()
 
 
+class _Setup(NamedTuple):
+    """What both backwards prepare alike (_setup)."""
+    layout: object
+    fwd: object   # chunk-local cumulative sums of the decay, the forward's direction (None: no decay)
+    bwd: object   # and the state gradients' direction
+    dot: int      # the inputs' matmul code
+    sdot: int     # the states path's
+    half: object  # border states' dtype where only matmuls read them
+    h0f: object   # h0 and dS in float32 (None where not given)
+    dSf: object
+
+
+def _setup(q, k, v, do, decay, h0, dS, cu_seqlens, rev, C, f32_states=False):
+    """(q, k, v, do made contiguous, _Setup); decay the one decay (left or right, or None), not floored: the
+    cumulative sums floor it on the way in. f32_states: float32 matmuls on the states path."""
+    q, k, v, do = q.contiguous(), k.contiguous(), v.contiguous(), do.contiguous()
+    B, T = q.shape[:2]
+    layout = make_layout(B, T, C, cu_seqlens, q.device)
+    fwd = chunk_cumsum(decay, layout, rev) if decay is not None else None
+    bwd = chunk_cumsum(decay, layout, not rev) if decay is not None else None
+    dot = dot_code(q, k, v, do)
+    sdot = state_dot(DOT_F32 if f32_states else dot)  # tf32 with ULA_STATE_PRECISION=tf32
+    f32 = torch.float32
+    # border states in bfloat16 where only matmuls read them; float32 where the decay gradient does
+    half = f32 if sdot == DOT_TF32 else half_states(q) or f32
+    h0f = h0.to(f32).contiguous() if h0 is not None else None
+    dSf = dS.to(f32).contiguous() if dS is not None else None
+    return q, k, v, do, _Setup(layout, fwd, bwd, dot, sdot, half, h0f, dSf)
+
+
+def _through_first_step(x, decay, right, rev, cu_seqlens):
+    """x, a state gradient, carried through the first step's (floored) decay where the state gradients ran in
+    reverse (a forward pass with a decay); decay on the right side of the states where right."""
+    if rev or decay is None:
+        return x
+    d = decay.clamp_min(LOG_DECAY_FLOOR)
+    return _final_decay(x, None if right else d, d if right else None, cu_seqlens)
+
+
 def fused_backward(q, k, v, ld, h0, do, dS, scale, cu_seqlens, rev, C, need_ld, key_gate=None, ones=None):
     """(dq, dk, dv, dld, dh0, d key_gate) of o = F(q, k, v, ld, None, rev) for the gradient do of o and dS of
     the final state (None: zero); ld as the caller gave it ([H], [B, T, H], [B, T, H, K] or None), not floored.
@@ -41,24 +82,16 @@ def fused_backward(q, k, v, ld, h0, do, dS, scale, cu_seqlens, rev, C, need_ld, 
     gradient of its output column, n0 / dn [N, H, K] its part of the initial state and of the final state's
     gradient (each may be None); then dn0 comes last. Forward direction, decays with one value per step: the
     column enters the dQ and dK passes as a rank-one term of their scores and an extra vector of their states."""
-    B, T, H, K = q.shape
-    q, k, v, do = q.contiguous(), k.contiguous(), v.contiguous(), do.contiguous()
-    layout = make_layout(B, T, C, cu_seqlens, q.device)
+    T = q.shape[1]
     gl = canonical_left(ld, T)
     vec = gl is not None and gl.shape[-1] > 1
-    b_fwd = chunk_cumsum(gl, layout, rev) if gl is not None else None       # the forward's direction
-    b_bwd = chunk_cumsum(gl, layout, not rev) if gl is not None else None   # the state gradients' direction
     # a constant decay's gradient is one sum over all B*T steps of q dq - k dk, terms that cancel: float32
     # matmuls for everything it reads (bfloat16 operands lose ~1e-2 there, seen on an H100)
     wide = need_ld and ld.dim() == 1
-    dot = dot_code(q, k, v, do)
+    q, k, v, do, (layout, b_fwd, b_bwd, dot, sdot, half, h0f, dSf) = _setup(q, k, v, do, gl, h0, dS, cu_seqlens,
+                                                                            rev, C, f32_states=wide)
     dot_w = DOT_F32 if wide else dot
-    sdot = state_dot(dot_w)  # the states path's matmuls (tf32 with ULA_STATE_PRECISION=tf32)
     f32 = torch.float32
-    # border states in bfloat16 where only matmuls read them; float32 where the decay gradient does
-    half = f32 if sdot == DOT_TF32 else half_states(q) or f32
-    h0f = h0.to(f32).contiguous() if h0 is not None else None
-    dSf = dS.to(f32).contiguous() if dS is not None else None
     u = key_gate.contiguous() if key_gate is not None else None
     on = ones is not None
     e = n0f = dnf = None
@@ -105,11 +138,9 @@ def fused_backward(q, k, v, ld, h0, do, dS, scale, cu_seqlens, rev, C, need_ld, 
                       scale_intra=scale, gate=u, gate_rows=True, state_dot=state_dot(dot))
     del g_border
     if h0 is not None:
-        if not rev and gl is not None:  # the state gradients ran in reverse and leave through the first step
-            dh0 = _final_decay(dh0, gl.clamp_min(LOG_DECAY_FLOOR), None, cu_seqlens)
-            if on:
-                dn0 = _final_decay(dn0.unsqueeze(-1), gl.clamp_min(LOG_DECAY_FLOOR), None, cu_seqlens).squeeze(-1)
-        dh0 = dh0.to(h0.dtype)
+        dh0 = _through_first_step(dh0, gl, False, rev, cu_seqlens).to(h0.dtype)
+        if on:
+            dn0 = _through_first_step(dn0.unsqueeze(-1), gl, False, rev, cu_seqlens).squeeze(-1)
     else:
         dh0 = dn0 = None
     dld = None
@@ -133,17 +164,10 @@ def fused_backward_right(q, k, v, rd, h0, o, do, dS, scale, cu_seqlens, rev, C, 
     states, so it is the left decay (per feature, over their contraction V) of the dQ and dK passes and the right
     decay of the dV pass. Its gradient's per-step terms o ⊙ do − v ⊙ dv: o ⊙ do formed once, v ⊙ dv added by the
     dV pass's output kernel; its border terms, summed over K, by the forward state kernel."""
-    B, T, H, K = q.shape
-    q, k, v, do = q.contiguous(), k.contiguous(), v.contiguous(), do.contiguous()
-    layout = make_layout(B, T, C, cu_seqlens, q.device)
-    c_fwd = chunk_cumsum(rd, layout, rev)
-    c_bwd = chunk_cumsum(rd, layout, not rev)
-    dot = dot_code(q, k, v, do)
-    sdot = state_dot(dot)  # the states path's matmuls (tf32 with ULA_STATE_PRECISION=tf32)
+    T = q.shape[1]
+    q, k, v, do, (layout, c_fwd, c_bwd, dot, sdot, half, h0f, dSf) = _setup(q, k, v, do, rd, h0, dS, cu_seqlens,
+                                                                            rev, C)
     f32 = torch.float32
-    half = f32 if sdot == DOT_TF32 else half_states(q) or f32
-    h0f = h0.to(f32).contiguous() if h0 is not None else None
-    dSf = dS.to(f32).contiguous() if dS is not None else None
     g = chunk_states(q, do, None, c_bwd, dSf, layout, not rev, sdot, f32 if need_rd else half, scale=scale)
     g_border, dh0 = g[0], g[1]
     del g
@@ -164,12 +188,7 @@ def fused_backward_right(q, k, v, rd, h0, o, do, dS, scale, cu_seqlens, rev, C, 
                           scale_intra=scale, dg=dg, state_dot=sdot)
     del g_border
     dv, db = (dv_out[0], dv_out[1]) if need_rd else (dv_out, None)
-    if h0 is not None:
-        if not rev:  # the state gradients ran in reverse and leave through the first step
-            dh0 = _final_decay(dh0, None, rd.clamp_min(LOG_DECAY_FLOOR), cu_seqlens)
-        dh0 = dh0.to(h0.dtype)
-    else:
-        dh0 = None
+    dh0 = _through_first_step(dh0, rd, True, rev, cu_seqlens).to(h0.dtype) if h0 is not None else None
     drd = None
     if need_rd:
         drd = decay_grad_from_terms(db.unsqueeze(0), X, -1.0 if rev else 1.0, rd.shape, T, C, layout.n,
