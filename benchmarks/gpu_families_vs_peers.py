@@ -1,6 +1,7 @@
 """The families (issue 4) against the peers, one GPU, one run, bfloat16, B=2 T=8192 H=16 K=V=128.
 
     python3 benchmarks/gpu_families_vs_peers.py [--quick] [--cpu-smoke] [--peers fla_gla,...] [--budget-s 540]
+                                                [--rounds 3]   # ours and the peers again in turn; checks on medians
     python3 benchmarks/gpu_families_vs_peers.py --plot-from $OUT/gpu_families_vs_peers.json   # redraw the PNG
 
 Sections (--sections, default all four):
@@ -59,6 +60,9 @@ def add_args(ap):
     ap.add_argument("--mem-T", default=None, help="sequence lengths of the memory sweep "
                                                    "(default 8192,16384,32768,65536,131072; quick 8192,32768,131072)")
     ap.add_argument("--slots", type=int, default=64, help="GSA slots m")
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="time our ops and the non-TFLA peers this many times in turn; the checks take medians (two "
+                         "single runs on one H100 differed by up to 40%%, session 9)")
     ap.add_argument("--plot-from", default=None, help="redraw the PNG from a results JSON and exit")
 
 
@@ -131,8 +135,10 @@ def child_main(run):
               lambda T: peer_fn(name, (1, T, H, K, V), run.args.slots, run.dtype, run.device))
 
 
-def run_peer(run, name, shape, mem_T):
+def run_peer(run, name, shape, mem_T, rnd=0):
     what, _, need = PEERS[name]
+    if rnd > 0:  # its autotuning is cached on disk by the first round
+        need = 30
     tag = "B{}_T{}_H{}_K{}_V{}".format(*shape)
     if name == "fla_norm" and "memory" in run.args.sections:
         need += 15 * len(mem_T)
@@ -145,7 +151,7 @@ def run_peer(run, name, shape, mem_T):
             "--sections", run.args.sections, "--slots", str(run.args.slots)]
     rows, how = run.child(SCRIPT, [name] + args, timeout=min(run.time_left() + 30, 3 * need))  # a hang ends too
     for r in rows:
-        run.add(dict(r, **{k: v for k, v in how.items() if k != "stderr_tail"}))
+        run.add(dict(r, round=rnd, **{k: v for k, v in how.items() if k != "stderr_tail"}))
     if not any(r.get("section") == "peers" for r in rows):
         run.add(dict(section="peers", case=name, shape=tag, what=what,
                      error=f"the child process ended ({how['returncode']}) without a result: "
@@ -254,7 +260,7 @@ def body(run):
                     sections=sections)
     if "ops" in sections:
         for op in run.args.ours.split(","):
-            run.case("ops", op, lambda op=op: ours_case(run, op, shape, run.args.slots), shape=tag, need_s=20)
+            run.case("ops", op, lambda op=op: ours_case(run, op, shape, run.args.slots), shape=tag, need_s=20, round=0)
     if "peers" in sections:
         for p in [p for p in peers if p.startswith("tfla")]:
             run_peer(run, p, shape, mem_T)
@@ -276,6 +282,14 @@ def body(run):
     if "peers" in sections:
         for p in [p for p in peers if not p.startswith("tfla")]:
             run_peer(run, p, shape, mem_T)
+    for rnd in range(1, run.args.rounds):  # ours and the peers again, in turn
+        if "ops" in sections:
+            for op in run.args.ours.split(","):
+                run.case("ops", op, lambda op=op: ours_case(run, op, shape, run.args.slots), shape=tag, need_s=20,
+                         round=rnd)
+        if "peers" in sections:
+            for p in [p for p in peers if not p.startswith("tfla")]:
+                run_peer(run, p, shape, mem_T, rnd)
     checks(run, mem_T)
     cols = ["case", "shape", "fwd_ms", "fwdbwd_ms", "peak_mib", "wall_s"]
     run.print_table("ours and the peers, " + tag, [r for r in run.rows if r["section"] in ("ops", "peers")],

@@ -65,3 +65,19 @@ def test_core_vs_peers_rounds_give_medians_and_spread():
     assert (got["ula_none"]["fwdbwd_min"], got["ula_none"]["fwdbwd_max"]) == (1.0, 1.6)
     assert got["ula_none"]["peak_mib"] == 310 and got["ula_none"]["fwd_ms"] == 1.1 / 4
     assert got["fla"]["rounds"] == 1 and got["fla"]["fwdbwd_ms"] == 2.0
+
+
+def test_run_get_takes_the_median_over_rounds():
+    """Run.get (ula/bench/script.py): one row gives its value, rows of several rounds their median (the checks of
+    gpu_families_vs_peers.py --rounds), rows with an error or skipped do not count."""
+    from ula.bench.script import Run
+    run = Run.__new__(Run)
+    run.rows = [dict(section="ops", case="gsa", fwdbwd_ms=5.0, round=0),
+                dict(section="ops", case="gsa", fwdbwd_ms=4.0, round=1),
+                dict(section="ops", case="gsa", fwdbwd_ms=9.0, round=2),
+                dict(section="ops", case="gsa", error="boom", fwdbwd_ms=0.1, round=3),
+                dict(section="ops", case="gla", fwdbwd_ms=3.0, shape="B2")]
+    assert run.get("ops", "gsa", "fwdbwd_ms") == 5.0
+    assert run.get("ops", "gsa", "fwdbwd_ms", round=2) == 9.0
+    assert run.get("ops", "gla", "fwdbwd_ms") == 3.0 and run.get("ops", "gla", "shape") == "B2"
+    assert run.get("ops", "abc", "fwdbwd_ms") is None

@@ -15,6 +15,7 @@ import json
 import os
 import platform
 import shlex
+import statistics
 import subprocess
 import sys
 import time
@@ -186,8 +187,11 @@ class Run:
                 and all(r.get(k) == v for k, v in match.items())]
 
     def get(self, section, name, key, **match):
-        rows = self.select(section, case=name, **match)
-        return rows[0].get(key) if rows else None
+        """The value of key in the matching row; the median where several rows match with numbers (rounds)."""
+        vals = [r.get(key) for r in self.select(section, case=name, **match)]
+        if len(vals) > 1 and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in vals):
+            return statistics.median(vals)
+        return vals[0] if vals else None
 
     def save(self):
         if self.is_child:
