@@ -6,7 +6,8 @@ import torch
 import torch.nn.functional as F
 
 import ula
-from ula.core.triton import chunk_recurrence_triton, precompile, utils
+from ula.core.op import dry_call
+from ula.core.triton import precompile, utils
 
 B, T, H, K, V = 2, 45, 2, 32, 16
 
@@ -35,8 +36,7 @@ def test_dry_run_asks_for_every_launch_of_the_real_call(case, monkeypatch):
     q, k, v, ld, rd, kg = _inputs(case, g)
     asked, launched = set(), set()
     monkeypatch.setattr(utils, "_warmup", lambda kernel, grid, args, w, cx: asked.add(_config(kernel, w, cx)))
-    precompile.dry(lambda: precompile.core_forward_backward(chunk_recurrence_triton, q, k, v, ld, rd, None, None,
-                                                           K ** -0.5, False, 16, kg, True))
+    precompile.dry(lambda: dry_call(q, k, v, ld, rd, None, None, K ** -0.5, False, 16, "triton", kg, True))
     assert asked, "the dry run asked for no compile"
     real = utils._launch_fitting
 
@@ -81,8 +81,7 @@ def test_dry_run_swallows_errors_and_leaves_launches_live(monkeypatch):
         raise RuntimeError("inside the dry run")
     monkeypatch.setattr(utils, "_warmup", boom)
     q = torch.randn(1, 8, 1, 16)
-    precompile.dry(lambda: precompile.core_forward_backward(chunk_recurrence_triton, q, q, q, None, None, None, None,
-                                                           1.0, False, 16, None, True))
+    precompile.dry(lambda: dry_call(q, q, q, None, None, None, None, 1.0, False, 16, "triton", None, True))
     assert not getattr(utils._DRY, "on", False)
     o, _ = ula.linear_attention(q, q, q, backend="triton")  # a real run after it still computes
     assert torch.isfinite(o).all()

@@ -14,7 +14,7 @@ linear_attention on [v, 1]."""
 import torch
 
 from .api import _pad_to_16, linear_attention
-from .autograd import canonical_left, half_states
+from .autograd import canonical_left
 from .backends import chunk_fn, runs_fused
 from .checks import check_linear_attention
 
@@ -68,7 +68,7 @@ def _ones_forward(q, k, v, ld, u, S0, n0, scale, cu_seqlens, C):
     from .triton.cumsum import chunk_cumsum
     from .triton.output import chunk_output
     from .triton.state import chunk_states
-    from .triton.utils import DOT_TF32, dot_code, state_dot
+    from .triton.utils import border_dtype, dot_code, state_dot
     B, T, H, K = q.shape
     f32 = torch.float32
     layout = make_layout(B, T, C, cu_seqlens, q.device)
@@ -79,8 +79,8 @@ def _ones_forward(q, k, v, ld, u, S0, n0, scale, cu_seqlens, C):
     uc = u.contiguous() if u is not None else None
     h0 = S0.to(f32).contiguous() if S0 is not None else None
     nz = n0.to(f32).contiguous() if n0 is not None else None
-    sdt = f32 if sdot == DOT_TF32 else half_states(q) or f32
-    border, S, _, (nb, n) = chunk_states(k, v, b, None, h0, layout, False, sdot, sdt, gate=uc, ones=True, n0=nz)
+    border, S, _, (nb, n) = chunk_states(k, v, b, None, h0, layout, False, sdot, border_dtype(q, sdot), gate=uc,
+                                         ones=True, n0=nz)
     o, den = chunk_output(q, k, v, b, None, border, h0, scale, layout, False, dot, v.dtype, gate=uc,
                           ones=(nb, nz), state_dot=sdot)
     return o, den, S, n

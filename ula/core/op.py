@@ -14,7 +14,7 @@ import torch
 from torch import Tensor
 
 from .autograd import backward_pass, forward_pass
-from .backends import chunk_fn
+from .backends import chunk_fn, runs_triton
 
 _EMPTY = (0,)
 
@@ -154,9 +154,19 @@ def run(q, k, v, ld, rd, h0, cu_seqlens, scale, reverse, chunk_size, backend, kg
         op = linear_attention_fwd
     else:
         op = _Eager.apply
-        if q.is_cuda:  # a new configuration's kernels compiled in parallel before its first run
-            F = chunk_fn(backend, q.device)
-            if F.__module__.startswith("ula.core.triton"):
-                from .triton.precompile import ensure_compiled
-                ensure_compiled(F, q, k, v, ld, rd, h0, cu_seqlens, scale, reverse, chunk_size, kg)
+        if q.is_cuda and runs_triton(backend, q.device):  # a new configuration's kernels compiled in parallel
+            from .triton.precompile import compile_in_parallel, grad_wanted
+            grad = grad_wanted(q, k, v, ld, rd, h0, kg)
+            compile_in_parallel(("core", q, k, v, ld, rd, h0, cu_seqlens, reverse, chunk_size, kg, grad), q,
+                                lambda: dry_call(q, k, v, ld, rd, h0, cu_seqlens, scale, reverse, chunk_size, backend,
+                                                 kg, grad))
     return op(q, k, v, ld, rd, h0, cu_seqlens, scale, reverse, chunk_size, backend, kg)
+
+
+def dry_call(q, k, v, ld, rd, h0, cu_seqlens, scale, reverse, chunk_size, backend, kg, grad):
+    """The eager call's forward and (with grad) backward, for precompile.py's dry run (nothing it returns is read)."""
+    out, _, o_keep = _forward(q, k, v, ld, rd, h0, cu_seqlens, scale, reverse, chunk_size, backend, kg)
+    if grad:
+        _backward_impl(q, k, v, ld, rd, h0, o_keep, torch.empty_like(out), None, cu_seqlens, scale, reverse,
+                       chunk_size, backend, ld is not None and ld.requires_grad, rd is not None and rd.requires_grad,
+                       kg)

@@ -19,13 +19,13 @@ from typing import NamedTuple
 
 import torch
 
-from ..autograd import LOG_DECAY_FLOOR, canonical_left, half_states
+from ..autograd import LOG_DECAY_FLOOR, canonical_left
 from .chunk import _final_decay, make_layout
 from .cumsum import chunk_cumsum
 from .decay_grad import decay_grad_from_terms
 from .output import chunk_output
 from .state import chunk_states
-from .utils import DOT_F32, DOT_TF32, dot_code, state_dot
+from .utils import DOT_F32, border_dtype, dot_code, state_dot
 
 
 def _bounds(layout, C):
@@ -59,8 +59,8 @@ def _setup(q, k, v, do, decay, h0, dS, cu_seqlens, rev, C, f32_states=False):
     dot = dot_code(q, k, v, do)
     sdot = state_dot(DOT_F32 if f32_states else dot)  # tf32 with ULA_STATE_PRECISION=tf32
     f32 = torch.float32
-    # border states in bfloat16 where only matmuls read them; float32 where the decay gradient does
-    half = f32 if sdot == DOT_TF32 else half_states(q) or f32
+    # border states in bfloat16 where only matmuls read them (the callers take float32 where the decay gradient does)
+    half = border_dtype(q, sdot)
     h0f = h0.to(f32).contiguous() if h0 is not None else None
     dSf = dS.to(f32).contiguous() if dS is not None else None
     return q, k, v, do, _Setup(layout, fwd, bwd, dot, sdot, half, h0f, dSf)

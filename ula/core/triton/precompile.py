@@ -61,21 +61,3 @@ def dry(thunk):
         except Exception:  # noqa: BLE001  (best effort: the real call raises what is wrong)
             pass
 
-
-def core_forward_backward(F, q, k, v, ld, rd, h0, cu_seqlens, scale, reverse, chunk_size, kg, grad):
-    """The core op's forward and (with grad) backward as its autograd Function runs them, for a dry run."""
-    from ..autograd import backward_pass, forward_pass
-    o, _ = forward_pass(F, q, k, v, ld, rd, h0, scale, cu_seqlens, reverse, chunk_size, kg)
-    if grad:
-        need_ld = ld is not None and ld.requires_grad
-        need_rd = rd is not None and rd.requires_grad
-        backward_pass(F, q, k, v, ld, rd, h0, o if rd is not None else None, torch.empty_like(v), None, scale,
-                      cu_seqlens, reverse, chunk_size, need_ld, need_rd, kg)
-
-
-def ensure_compiled(F, q, k, v, ld, rd, h0, cu_seqlens, scale, reverse, chunk_size, kg):
-    """The core op's call (ula/core/op.py `run`)."""
-    grad = grad_wanted(q, k, v, ld, rd, h0, kg)
-    compile_in_parallel(("core", q, k, v, ld, rd, h0, cu_seqlens, reverse, chunk_size, kg, grad), q,
-                        lambda: core_forward_backward(F, q, k, v, ld, rd, h0, cu_seqlens, scale, reverse, chunk_size,
-                                                      kg, grad))

@@ -11,6 +11,7 @@ from triton import knobs
 from triton.runtime import driver
 
 from .. import precision
+from ..autograd import half_states
 
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 # read once: looking up the environment per allocation costs the host microseconds on every call
@@ -92,6 +93,12 @@ def state_dot(dot):
     """The matmul code of the states path for inputs whose dot code is `dot`: DOT_TF32 where
     ULA_STATE_PRECISION=tf32 and the inputs take half-precision operands (border states then float32), else dot."""
     return DOT_TF32 if precision.TF32["states"] and dot in (DOT_F16, DOT_BF16, DOT_BF16_EMULATED) else dot
+
+
+def border_dtype(q, sdot):
+    """Border states' dtype where only matmuls read them: float32 on the tf32 states path (their rounding is what
+    it removes), else bfloat16 for bfloat16 inputs (half the traffic of the largest buffer), else float32."""
+    return torch.float32 if sdot == DOT_TF32 else half_states(q) or torch.float32
 
 
 def own_dot(dot):
