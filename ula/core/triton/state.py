@@ -75,6 +75,25 @@ def _chunk_factors(it, nc, bos, eos, b_base, u_base, kc, mk, H, DB: tl.constexpr
     return b_end, f0, f1
 
 
+# the normalizer n is carried as a [BK, NW] block of NW equal columns, not a [BK] vector: the three state calls
+# of an mLSTMexp f+b (B2 T8192 H16 K=V=128 bf16) 0.96 -> 0.62 ms, without the column 0.43
+# (benchmarks/results/state_calls_h100_session11.txt)
+NW: tl.constexpr = tl.constexpr(16)
+
+
+@triton.jit
+def _n_col(n):
+    """The normalizer [BK] from its [BK, NW] block of equal columns (the first, exactly)."""
+    return tl.sum(tl.where(tl.arange(0, NW)[None, :] == 0, n, 0.0), 1)
+
+
+@triton.jit
+def _store_n(ptr, kc, n, mask):
+    """Store the normalizer [BK] at ptr + kc from its [BK, NW] block (the first column)."""
+    cols = tl.arange(0, NW)
+    tl.store(ptr + kc[:, None] + cols[None, :] * 0, n, mask=mask[:, None] & (cols[None, :] == 0))
+
+
 @triton.jit
 def _rows_into_state(S, n, r0, ce, k_base, v_base, c_base, e_base, c_end, f, kc, vc, mk, mv, K, V, H, scale,
                      DB: tl.constexpr, BT: tl.constexpr, HAS_F: tl.constexpr, HAS_C: tl.constexpr, DOT: tl.constexpr,
@@ -99,7 +118,7 @@ def _rows_into_state(S, n, r0, ce, k_base, v_base, c_base, e_base, c_end, f, kc,
         w = kt.to(tl.float32)
         if HAS_E:
             w = w * tl.load(e_base + r64, mask=mr, other=0.0).to(tl.float32)[:, None]
-        n = n + tl.sum(w, 0) * scale
+        n = n + tl.sum(w, 0)[:, None] * scale
     return S + mm(tl.trans(kt), vt, DOT) * scale, n
 
 
@@ -124,7 +143,7 @@ def _border_products(S, partner, X, b_base, c_base, bord, i_k, i_v, NKT, NVT, ce
     else:
         x = tl.sum(S * p, 1)
         if ONES:  # the extra columns (n and its partner), in the first V tile's sum
-            x += n * tl.load(partner_n + bord * K + kc, mask=n_ok, other=0.0).to(tl.float32)
+            x += _n_col(n) * tl.load(partner_n + bord * K + kc, mask=n_ok, other=0.0).to(tl.float32)
         if DB > 1:
             lam = tl.load(b_base + row.to(tl.int64) * H * DB + kc, mask=mk & ok, other=0.0)
         else:
@@ -167,10 +186,10 @@ def _state_kernel(k, v, b, c, u, h0, border, final, partner, X, n0, n_border, n_
         S += tl.load(h0 + (i_n.to(tl.int64) * H + i_h) * K * V + kv_off, mask=mkv, other=0.0).to(tl.float32)
     # ONES (decays with one value per step): n, the state's column for one more column of v (ones, or e with
     # HAS_E), kept by every V tile and stored by the first
-    n = tl.zeros([BK], dtype=tl.float32)
+    n = tl.zeros([BK, NW], dtype=tl.float32)
     n_ok = mk & (i_v == 0)
     if ONES and HAS_H0:
-        n += tl.load(n0 + (i_n.to(tl.int64) * H + i_h) * K + kc, mask=mk, other=0.0)
+        n += tl.load(n0 + (i_n.to(tl.int64) * H + i_h) * K + kc, mask=mk, other=0.0)[:, None]
     HAS_F: tl.constexpr = HAS_B or GATE
     # the decays of a chunk are loaded one chunk ahead: a program of this sequential loop has no other warps to
     # hide a load's latency behind, and it would wait for them every chunk (k and v are pipelined by the compiler)
@@ -182,7 +201,7 @@ def _state_kernel(k, v, b, c, u, h0, border, final, partner, X, n0, n_border, n_
         if REVERSE:
             tl.store(bord_base + idx.to(tl.int64) * K * V + kv_off, S, mask=mkv)
             if ONES:
-                tl.store(n_border + (chunk0 + idx) * K + kc, n, mask=n_ok)
+                _store_n(n_border + (chunk0 + idx) * K, kc, n, n_ok)
             if HAS_X:
                 _border_products(S, partner, X, b_base, c_base, chunk0 + idx, i_k, i_v, NKT, NVT, ce, eos, kv_off, kc,
                                  vc, mk, mv, mkv, K, V, H, DB, REVERSE, n, partner_n, n_ok, ONES, XR)
@@ -230,13 +249,13 @@ def _state_kernel(k, v, b, c, u, h0, border, final, partner, X, n0, n_border, n_
         if not REVERSE:
             tl.store(bord_base + idx.to(tl.int64) * K * V + kv_off, S, mask=mkv)
             if ONES:
-                tl.store(n_border + (chunk0 + idx) * K + kc, n, mask=n_ok)
+                _store_n(n_border + (chunk0 + idx) * K, kc, n, n_ok)
             if HAS_X:
                 _border_products(S, partner, X, b_base, c_base, chunk0 + idx, i_k, i_v, NKT, NVT, ce, eos, kv_off, kc,
                                  vc, mk, mv, mkv, K, V, H, DB, REVERSE, n, partner_n, n_ok, ONES, XR)
     tl.store(final + (i_n.to(tl.int64) * H + i_h) * K * V + kv_off, S, mask=mkv)
     if ONES:
-        tl.store(n_final + (i_n.to(tl.int64) * H + i_h) * K + kc, n, mask=n_ok)
+        _store_n(n_final + (i_n.to(tl.int64) * H + i_h) * K, kc, n, n_ok)
 
 
 def chunk_states(k, v, b, c, h0, layout, reverse, dot, state_dtype=torch.float32, scale=1.0, partner=None, gate=None,
