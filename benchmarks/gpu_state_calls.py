@@ -1,6 +1,6 @@
-"""The state kernel's three calls of one forward+backward, timed one by one, with and without the column of ones
-(mLSTMsig against mLSTMexp's configuration: scalar decay, key gate, B2 T8192 H16 K=V=128 bf16 by default), and
-the mLSTMexp family check of gpu_smoke.py. Which of the calls carries exp's extra state-kernel time?
+"""The state kernel's three calls of one forward+backward and the output kernel's forward, dQ and dK calls, timed
+one by one, with and without the column of ones (mLSTMsig against mLSTMexp's configuration: scalar decay, key
+gate, B2 T8192 H16 K=V=128 bf16 by default). Which of the calls carries exp's extra time?
 
     python3 benchmarks/gpu_state_calls.py [--shape 2,8192,16,128,128] [--chunk 128]
 
@@ -17,6 +17,7 @@ import triton
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 from ula.core.triton.chunk import make_layout  # noqa: E402
 from ula.core.triton.cumsum import chunk_cumsum  # noqa: E402
+from ula.core.triton.output import chunk_output  # noqa: E402
 from ula.core.triton.state import chunk_states  # noqa: E402
 from ula.core.triton.utils import dot_code  # noqa: E402
 
@@ -53,13 +54,28 @@ def main():
         calls["backward S + border terms"] = lambda: chunk_states(k, v, fwd, None, None, layout, False, dot, bf,
                                                                   partner=g[0], gate=u, ones=ones,
                                                                   partner_n=g_n)
+        f = calls["backward S + border terms"]()
+        fw = calls["forward"]()
+        f_n = f[3][0] if ones else None
+        calls["output forward"] = lambda: chunk_output(q, k, v, fwd, None, fw[0], None, 0.1, layout, False, dot, bf,
+                                                       gate=u, ones=(fw[3][0], None) if ones else None)
+        calls["output dQ"] = lambda: chunk_output(do, v, k, fwd, None, f[0], None, 0.1, layout, False, dot, bf,
+                                                  state_transposed=True, gate=u, dg=(q, None, 1.0, False),
+                                                  rank_one=(1, e, f_n, None) if ones else None)
+        calls["output dK"] = lambda: chunk_output(v, do, q, bwd, None, g[0], None, 1.0, layout, True, dot, bf,
+                                                  scale_intra=0.1, state_transposed=True, gate=u, gate_rows=True,
+                                                  dg=(k, None, -1.0, False), du_of=k,
+                                                  rank_one=(2, e, g_n, None) if ones else None)
         for name, fn in calls.items():
             fn()
             ms = triton.testing.do_bench(fn, warmup=25, rep=200, return_mode="median")
             rows.append((name, ones, ms))
             print(f"{name:28s} ones={ones!s:5s} {ms:.4f} ms", flush=True)
-    print("sum without / with ones:", f"{sum(r[2] for r in rows if not r[1]):.4f}",
-          f"{sum(r[2] for r in rows if r[1]):.4f}")
+    rows = [r for r in rows if not r[0].startswith("output")] + [r for r in rows if r[0].startswith("output")]
+    for part in ("state", "output"):
+        sel = [r for r in rows if r[0].startswith("output") == (part == "output")]
+        print(f"{part} calls, sum without / with ones:", f"{sum(r[2] for r in sel if not r[1]):.4f}",
+              f"{sum(r[2] for r in sel if r[1]):.4f}")
 
 
 if __name__ == "__main__":
