@@ -28,9 +28,10 @@ def record(run):
     assert os.environ.get("TRITON_INTERPRET") != "1", "kernels defined under the interpreter cannot be compiled"
     from ula.core.triton import cumsum, decay_grad, output, state, step  # noqa: F401  (defines the kernels)
     from ula.core.triton import entry  # noqa: F401  (context parallelism's entry term)
-    from ula.ops import _l2norm, _mlstm_gate_kernels, _normalized_epilogue  # noqa: F401  (the families' own)
+    from ula.ops import _l2norm, _mlstm_epilogue, _mlstm_gate_kernels, _normalized_epilogue  # noqa: F401
     mods = [sys.modules[f"ula.core.triton.{m}"] for m in ("cumsum", "decay_grad", "output", "state", "step", "entry")]
-    mods += [sys.modules[f"ula.ops.{m}"] for m in ("_mlstm_gate_kernels", "_normalized_epilogue", "_l2norm")]
+    mods += [sys.modules[f"ula.ops.{m}"] for m in ("_mlstm_gate_kernels", "_mlstm_epilogue", "_normalized_epilogue",
+                                                   "_l2norm")]  # the families' own
     seen = {}
 
     def fake_launch(kernel, grid, *args, num_warps=4, **constexprs):
@@ -127,8 +128,8 @@ def core_cases(B=2, T=300, H=2, K=128, V=128, dtype=torch.bfloat16):
                                         chunk_size=c.get("chunk_size"), cu_seqlens=torch.tensor(cu) if cu else None,
                                         backend="triton")
             (o.float().sum() + S.sum()).backward()
-        # mLSTMexp: the gate scan (ula/ops/_mlstm_gate_kernels.py) and the forward's normalizer inside the
-        # kernels (ula/core/ones.py), with an initial state
+        # mLSTMexp: the gate scan (ula/ops/_mlstm_gate_kernels.py), the forward's normalizer inside the
+        # kernels (ula/core/ones.py) and the epilogue (ula/ops/_mlstm_epilogue.py), with an initial state
         q, k, v = r(B, T, H, K), r(B, T, H, K), r(B, T, H, V)
         i, f = torch.randn(B, T, H, generator=g).requires_grad_(), torch.randn(B, T, H, generator=g).requires_grad_()
         init = (torch.zeros(B, H, K, V), torch.zeros(B, H, K), torch.zeros(B, H))

@@ -34,7 +34,8 @@ So the gradient is exact (with eps > 0 h does depend on m) while the core's log-
 that would only cancel: those are formed as differences of O(1) float32 sums (paper 002 §4.3), and terms that
 cancel there leave noise.
 On the Triton backend the gate scan (m, ld', i − m̂ and their gradients) is one kernel each way
-(ula/ops/_mlstm_gate_kernels.py); `_exp_gates` is its PyTorch form (backend="torch", context parallelism).
+(ula/ops/_mlstm_gate_kernels.py); `_exp_gates` is its PyTorch form (backend="torch", context parallelism). So is
+the epilogue, h from o, den and m (ula/ops/_mlstm_epilogue.py; `_exp_epilogue_torch` also for float64 inputs).
 Rounding can leave ld' a hair above 0 where the max keeps the decay branch; it is clipped to 0 with the
 gradient passed straight through. Unlike the TFLA kernels, the gradient through the normalizer is kept.
 
@@ -114,6 +115,13 @@ def _denominator(den, m, eps):
     return torch.maximum(den.abs(), lower) + eps
 
 
+def _exp_epilogue_torch(o, den, m, eps):
+    """h = o f / (max(|den f|, exp(-m)) + eps) with f = exp(m̂ - m) (value 1: puts the live max state back)."""
+    f = _one(-m)
+    # the per-step factor first, so [B, T, H, V] sees one multiply
+    return o * (f / _denominator(den * f.to(den.dtype), m, eps)).unsqueeze(-1).to(o.dtype)
+
+
 def _check_inputs(q, k, v, i, f, variant, initial_state, cu_seqlens, chunk_size, backend, scale, cp):
     """The op's checks; with context parallelism (cp) cu_seqlens is global, its end checked with the slices."""
     check_sequence(q, k, v, None if cp else cu_seqlens, chunk_size, backend, scale)
@@ -177,9 +185,13 @@ def _exp_run(q, k, v, ldp, logw, m, mT, initial_state, eps, kw, anchor=None):
     # numerator and normalizer in one core call: values [v, 1], the column of ones implicit (ula/core/ones.py)
     o, den, fin = linear_attention_with_ones(q, ks, v, ldp.to(decay_dtype(q)), initial_state=init, key_gate=gate,
                                              **kw)
-    f = _one(-m)  # exp(m̂ - m)
-    # h = o f / (max(|den f|, exp(-m)) + eps): the per-step factor first, so [B, T, H, V] sees one multiply
-    h = o * (f / _denominator(den * f.to(den.dtype), m, eps)).unsqueeze(-1).to(o.dtype)
+    epilogue = _exp_epilogue_torch
+    if kw.get("cp_group") is None and runs_fused(kw["backend"], q.device) and torch.float64 not in (o.dtype,
+                                                                                                   den.dtype):
+        # the same h and gradients in one Triton kernel each way (ula/ops/_mlstm_epilogue.py): the ~10 small ops
+        # of the PyTorch form and their backward cost the host more than the GPU's work
+        from ._mlstm_epilogue import mlstm_exp_epilogue as epilogue
+    h = epilogue(o, den, m, eps)
     if fin is None:
         return h, None
     S, n = fin
