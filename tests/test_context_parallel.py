@@ -342,8 +342,11 @@ def test_entry_term_triton_kernels(decay, spans, monkeypatch):
             out = o + entry_term(q, glc, None, E, 0.7, False)
         (out * dout.to(dt)).sum().backward()
         res.append([out] + [x.grad for x in leaves if x is not None])
-    for got, want in zip(*res):
-        assert got.dtype == torch.float32 and rel(got.double(), want) < 1e-5
+    # A constant decay's gradient is one float32 sum over B·L·K·V (~2e6) terms per head: its rounding reaches
+    # ~2e-5 relative with some seeds, where every other tensor stays near 1e-6.
+    tols = [1e-4 if decay == "constant" and i == 3 else 1e-5 for i in range(len(res[0]))]
+    for got, want, tol in zip(*res, tols):
+        assert got.dtype == torch.float32 and rel(got.double(), want) < tol
 
 
 def test_entry_term_wide_keys_take_the_pytorch_form(monkeypatch):
