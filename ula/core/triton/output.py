@@ -477,10 +477,10 @@ def chunk_output(q, k, v, b, c, border, h0, scale, layout, reverse, dot, out_dty
         assert not vec and not reverse and dg is None and du_of is None and not state_transposed
         n_border, n0 = ones
         den = alloc((B, T, H), q.device)
-    if (ones is not None or rank_one is not None) and not is_tuned(name):
-        # the scores stay live for their row sums or take the rank-one term: at 4 warps 64-row tiles spill
-        # ~460 / ~200 B per thread on sm_90, none at 8 (tests/offline_compile.py)
-        W = 8
+    # A column of ones (forward) or a rank-one term (dQ, dK) keeps the scores live: at 4 warps 64-row tiles spill
+    # ~460 / ~200 B per thread on sm_90 (tests/offline_compile.py), none at 8, yet 4 warps are faster: H100 B2 T8192
+    # H16 K=V=128 chunk 128, forward / dQ / dK 0.306 / 0.317 / 0.358 ms at 8 warps, 0.201 / 0.264 / 0.302 at 4
+    # (benchmarks/results/ones_warps_h100_session12.txt), so they take the plain path's warps.
     if h0 is not None and h0.dtype != border.dtype:
         # read like the border states (the matmul rounds both to its operand type alike)
         h0 = h0.to(border.dtype)
