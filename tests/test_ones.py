@@ -73,3 +73,49 @@ def test_ones_initial_state_needs_both_parts():
     with pytest.raises(ValueError, match="n0 of shape"):
         linear_attention_with_ones(q, q, v, initial_state=(torch.zeros(1, 2, 16, 16), torch.zeros(1, 2, 15)),
                                    backend="triton")
+
+
+_SPLIT_SCRIPT = r"""
+import sys, torch
+sys.path.insert(0, sys.argv[1])
+import ula
+from helpers import fresh_seed, rel
+from ula.core.ones import linear_attention_with_ones
+seed = fresh_seed()
+B, T, H, K, V, C = 2, 77, 2, 32, 16, 16
+rb = lambda x: x.bfloat16().float()  # values a bfloat16 model holds
+q, k, v = rb(torch.randn(B, T, H, K)), rb(torch.randn(B, T, H, K) * K ** -0.5), rb(torch.randn(B, T, H, V))
+S0, n0 = torch.randn(B, H, K, V) * 0.3, torch.randn(B, H, K) * 0.3
+leaves = [q, k, v, S0, n0]
+for x in leaves:
+    x.requires_grad_()
+o, den, (S, n) = linear_attention_with_ones(q, k, v, initial_state=(S0, n0), output_final_state=True,
+                                            chunk_size=C, backend="triton")
+wd, wn = torch.randn_like(den), torch.randn_like(n)
+dn0, = torch.autograd.grad((den * wd).sum() + (n * wn).sum(), [n0])
+d = [x.detach().double().requires_grad_() for x in leaves]
+o2, S2 = ula.linear_attention(d[0], d[1], torch.cat([d[2], torch.ones_like(d[2][..., :1])], -1),
+                              initial_state=torch.cat([d[3], d[4].unsqueeze(-1)], -1), output_final_state=True,
+                              backend="reference")
+dn02, = torch.autograd.grad((o2[..., V] * wd.double()).sum() + (S2[..., V] * wn.double()).sum(), [d[4]])
+print(rel(o, o2[..., :V]), rel(n, S2[..., V]), rel(dn0, dn02), seed)
+"""
+
+
+def test_ones_bf16_normalizer_sums_stay_float32():
+    """bfloat16 matmuls (emulated in the interpreter: ULA_EMULATE_BF16=1 rounds matmul operands to bfloat16) take
+    the state's normalizer column (no decay, no gate: normalized attention) as a matmul with its weights split in
+    three bfloat16 parts (state.py, SPLIT): its sums, forward (n) and backward (weighted by the gradient of den:
+    dn0), keep float32 accuracy, where one bfloat16 rounding of the weights leaves ~1e-3 (measured with the parts
+    after the first dropped); the outputs carry the bfloat16 error (emulation is on)."""
+    import os
+    import subprocess
+    import sys
+    here = os.path.dirname(os.path.abspath(__file__))
+    env = dict(os.environ, ULA_EMULATE_BF16="1", TRITON_INTERPRET="1")
+    out = subprocess.run([sys.executable, "-c", _SPLIT_SCRIPT, here], env=env, capture_output=True, text=True,
+                         timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    e_o, e_n, e_dn0, seed = out.stdout.split()[-4:]
+    assert float(e_o) > 3e-4, out.stdout  # bfloat16 matmuls
+    assert float(e_n) < 2e-6 and float(e_dn0) < 2e-6, out.stdout

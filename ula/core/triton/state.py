@@ -7,7 +7,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .utils import (alloc, block, cdiv, head_bases, is_tuned, launch, mm, multiprocessors, operand, tuned,
+from .utils import (alloc, block, cdiv, head_bases, is_tuned, launch, mm, multiprocessors, operand, round_bf16, tuned,
                     warps_for)
 
 
@@ -75,29 +75,52 @@ def _chunk_factors(it, nc, bos, eos, b_base, u_base, kc, mk, H, DB: tl.constexpr
     return b_end, f0, f1
 
 
-# the normalizer n is carried as a [BK, NW] block of NW equal columns, not a [BK] vector: the three state calls
-# of an mLSTMexp f+b (B2 T8192 H16 K=V=128 bf16) 0.96 -> 0.62 ms, without the column 0.43
-# (benchmarks/results/state_calls_h100_session11.txt)
+# the normalizer n is carried as a [BK, NW] block, not a [BK] vector: the three state calls of an mLSTMexp f+b
+# (B2 T8192 H16 K=V=128 bf16) 0.96 -> 0.62 ms, without the column 0.43 (benchmarks/results/state_calls_h100_session11.txt).
+# Its row sums Σ_t e_t k_t (e: ones, or the gradient of the normalizer) are float32 sums: in half precision they
+# cancel in the backward (session 11). SPLIT (bfloat16 matmuls, no decay or gate on k): the same sums as one matmul
+# kᵀ [BT, NW] whose first three columns are e split in three bfloat16 parts, e = hi + mid + lo up to 2^-27 e: each
+# product of a bfloat16 k and a part is exact in float32, so the matmul sums what the float32 code sums (normalized
+# attention's three state calls 0.406 -> 0.284 ms on an H100, linear attention's 0.238); the block then holds
+# partial sums in those columns (n = their sum). Otherwise it holds NW equal columns (the float32 row sum in each).
 NW: tl.constexpr = tl.constexpr(16)
 
 
 @triton.jit
-def _n_col(n):
-    """The normalizer [BK] from its [BK, NW] block of equal columns (the first, exactly)."""
-    return tl.sum(tl.where(tl.arange(0, NW)[None, :] == 0, n, 0.0), 1)
+def _n_col(n, SPLIT: tl.constexpr):
+    """The normalizer [BK] from its [BK, NW] block: the sum of its columns (SPLIT) or the first."""
+    if SPLIT:
+        x = tl.sum(n, 1)
+    else:
+        x = tl.sum(tl.where(tl.arange(0, NW)[None, :] == 0, n, 0.0), 1)
+    return x
 
 
 @triton.jit
-def _store_n(ptr, kc, n, mask):
-    """Store the normalizer [BK] at ptr + kc from its [BK, NW] block (the first column)."""
-    cols = tl.arange(0, NW)
-    tl.store(ptr + kc[:, None] + cols[None, :] * 0, n, mask=mask[:, None] & (cols[None, :] == 0))
+def _store_n(ptr, kc, n, mask, SPLIT: tl.constexpr):
+    """Store the normalizer [BK] at ptr + kc from its [BK, NW] block."""
+    if SPLIT:
+        tl.store(ptr + kc, tl.sum(n, 1), mask=mask)
+    else:
+        cols = tl.arange(0, NW)
+        tl.store(ptr + kc[:, None] + cols[None, :] * 0, n, mask=mask[:, None] & (cols[None, :] == 0))
+
+
+@triton.jit
+def _split3(s, BT: tl.constexpr):
+    """[BT, NW]: columns 0, 1, 2 the bfloat16 parts hi, mid, lo of s [BT] (float32; hi + mid + lo = s up to 2^-27 s,
+    each exact in bfloat16), the others 0."""
+    hi = round_bf16(s)
+    mid = round_bf16(s - hi)
+    lo = round_bf16(s - hi - mid)
+    cols = tl.arange(0, NW)[None, :]
+    return tl.where(cols == 0, hi[:, None], tl.where(cols == 1, mid[:, None], tl.where(cols == 2, lo[:, None], 0.0)))
 
 
 @triton.jit
 def _rows_into_state(S, n, r0, ce, k_base, v_base, c_base, e_base, c_end, f, kc, vc, mk, mv, K, V, H, scale,
                      DB: tl.constexpr, BT: tl.constexpr, HAS_F: tl.constexpr, HAS_C: tl.constexpr, DOT: tl.constexpr,
-                     ONES: tl.constexpr, HAS_E: tl.constexpr):
+                     ONES: tl.constexpr, HAS_E: tl.constexpr, SPLIT: tl.constexpr):
     """S + scale (f ⊙ k)ᵀ (v decayed to the chunk's end) over rows r0 .. r0 + BT (before ce); f: the rows' factor
     of k (_row_factor). With ONES also n + scale Σ_rows f ⊙ k (e_t ⊙ f ⊙ k with HAS_E): the state's column for
     one more column of v, of ones (the normalizer) or of e (its gradient, in the backward)."""
@@ -106,6 +129,12 @@ def _rows_into_state(S, n, r0, ce, k_base, v_base, c_base, e_base, c_end, f, kc,
     r64 = rows.to(tl.int64) * H
     kt = operand(tl.load(k_base + r64[:, None] * K + kc[None, :], mask=mr[:, None] & mk[None, :], other=0.0), DOT)
     vt = operand(tl.load(v_base + r64[:, None] * V + vc[None, :], mask=mr[:, None] & mv[None, :], other=0.0), DOT)
+    if ONES and SPLIT:  # k as loaded (exact in bfloat16) against e in three parts (or ones)
+        if HAS_E:
+            sr = _split3(tl.load(e_base + r64, mask=mr, other=0.0).to(tl.float32), BT)
+        else:
+            sr = tl.where(tl.arange(0, NW)[None, :] == 0, 1.0, tl.zeros([BT, NW], dtype=tl.float32))
+        n = n + mm(tl.trans(kt), sr, DOT) * scale
     if HAS_F:
         if DB > 1:
             kt = kt * f
@@ -114,7 +143,7 @@ def _rows_into_state(S, n, r0, ce, k_base, v_base, c_base, e_base, c_end, f, kc,
     if HAS_C:
         ct = tl.load(c_base + r64[:, None] * V + vc[None, :], mask=mr[:, None] & mv[None, :], other=0.0)
         vt = vt * tl.exp(tl.where(mr[:, None], c_end[None, :] - ct, float("-inf")))
-    if ONES:
+    if ONES and not SPLIT:
         w = kt.to(tl.float32)
         if HAS_E:
             w = w * tl.load(e_base + r64, mask=mr, other=0.0).to(tl.float32)[:, None]
@@ -125,7 +154,7 @@ def _rows_into_state(S, n, r0, ce, k_base, v_base, c_base, e_base, c_end, f, kc,
 @triton.jit
 def _border_products(S, partner, X, b_base, c_base, bord, i_k, i_v, NKT, NVT, ce, eos, kv_off, kc, vc, mk, mv, mkv, K,
                      V, H, DB: tl.constexpr, REVERSE: tl.constexpr, n, partner_n, n_ok, ONES: tl.constexpr,
-                     XR: tl.constexpr):
+                     XR: tl.constexpr, SPLIT: tl.constexpr):
     """S ⊙ partner at one chunk border (bord: its index among all [B, H, n]), times the decay of the step after the
     chunk: the border term X of the log-decay gradient (ula/core/decay_grad.py). A left decay's: row sums over this V
     tile, per K feature; a right decay's (XR): column sums over this K tile, per V feature. That step's log decay is
@@ -143,7 +172,7 @@ def _border_products(S, partner, X, b_base, c_base, bord, i_k, i_v, NKT, NVT, ce
     else:
         x = tl.sum(S * p, 1)
         if ONES:  # the extra columns (n and its partner), in the first V tile's sum
-            x += _n_col(n) * tl.load(partner_n + bord * K + kc, mask=n_ok, other=0.0).to(tl.float32)
+            x += _n_col(n, SPLIT) * tl.load(partner_n + bord * K + kc, mask=n_ok, other=0.0).to(tl.float32)
         if DB > 1:
             lam = tl.load(b_base + row.to(tl.int64) * H * DB + kc, mask=mk & ok, other=0.0)
         else:
@@ -186,10 +215,17 @@ def _state_kernel(k, v, b, c, u, h0, border, final, partner, X, n0, n_border, n_
         S += tl.load(h0 + (i_n.to(tl.int64) * H + i_h) * K * V + kv_off, mask=mkv, other=0.0).to(tl.float32)
     # ONES (decays with one value per step): n, the state's column for one more column of v (ones, or e with
     # HAS_E), kept by every V tile and stored by the first
+    # bfloat16 matmuls (3: emulated) and k entering as loaded (no decay, no gate): with a factor per row the split
+    # made mLSTMexp's three state calls 0.62 -> 1.48 ms on an H100
+    # (benchmarks/results/state_calls_h100_session12_split.txt)
+    SPLIT: tl.constexpr = ONES and (DOT == 2 or DOT == 3) and not (HAS_B or GATE)
     n = tl.zeros([BK, NW], dtype=tl.float32)
     n_ok = mk & (i_v == 0)
     if ONES and HAS_H0:
-        n += tl.load(n0 + (i_n.to(tl.int64) * H + i_h) * K + kc, mask=mk, other=0.0)[:, None]
+        n0v = tl.load(n0 + (i_n.to(tl.int64) * H + i_h) * K + kc, mask=mk, other=0.0)[:, None]
+        if SPLIT:  # a partial sum: in the first column only
+            n0v = tl.where(tl.arange(0, NW)[None, :] == 0, n0v, 0.0)
+        n += n0v
     HAS_F: tl.constexpr = HAS_B or GATE
     # the decays of a chunk are loaded one chunk ahead: a program of this sequential loop has no other warps to
     # hide a load's latency behind, and it would wait for them every chunk (k and v are pipelined by the compiler)
@@ -201,10 +237,10 @@ def _state_kernel(k, v, b, c, u, h0, border, final, partner, X, n0, n_border, n_
         if REVERSE:
             tl.store(bord_base + idx.to(tl.int64) * K * V + kv_off, S, mask=mkv)
             if ONES:
-                _store_n(n_border + (chunk0 + idx) * K, kc, n, n_ok)
+                _store_n(n_border + (chunk0 + idx) * K, kc, n, n_ok, SPLIT)
             if HAS_X:
                 _border_products(S, partner, X, b_base, c_base, chunk0 + idx, i_k, i_v, NKT, NVT, ce, eos, kv_off, kc,
-                                 vc, mk, mv, mkv, K, V, H, DB, REVERSE, n, partner_n, n_ok, ONES, XR)
+                                 vc, mk, mv, mkv, K, V, H, DB, REVERSE, n, partner_n, n_ok, ONES, XR, SPLIT)
         b_end = 0.0
         c_end = 0.0
         if HAS_F and NB <= 2:
@@ -231,31 +267,31 @@ def _state_kernel(k, v, b, c, u, h0, border, final, partner, X, n0, n_border, n_
         if NB <= 2:
             if HAS_F:
                 S, n = _rows_into_state(S, n, cs, ce, k_base, v_base, c_base, e_base, c_end, f0, kc, vc, mk, mv, K,
-                                        V, H, scale, DB, BT, HAS_F, HAS_C, DOT, ONES, HAS_E)
+                                        V, H, scale, DB, BT, HAS_F, HAS_C, DOT, ONES, HAS_E, SPLIT)
                 if NB == 2:
                     S, n = _rows_into_state(S, n, cs + BT, ce, k_base, v_base, c_base, e_base, c_end, f1, kc, vc,
-                                            mk, mv, K, V, H, scale, DB, BT, HAS_F, HAS_C, DOT, ONES, HAS_E)
+                                            mk, mv, K, V, H, scale, DB, BT, HAS_F, HAS_C, DOT, ONES, HAS_E, SPLIT)
             else:
                 for sb in tl.static_range(NB):
                     S, n = _rows_into_state(S, n, cs + sb * BT, ce, k_base, v_base, c_base, e_base, c_end, 0.0,
-                                            kc, vc, mk, mv, K, V, H, scale, DB, BT, HAS_F, HAS_C, DOT, ONES, HAS_E)
+                                            kc, vc, mk, mv, K, V, H, scale, DB, BT, HAS_F, HAS_C, DOT, ONES, HAS_E, SPLIT)
         else:
             for sb in range(NB):
                 f = 0.0
                 if HAS_F:
                     f = _row_factor(cs + sb * BT, ce, True, b_base, u_base, b_end, kc, mk, H, DB, BT, BK, HAS_B, GATE)
                 S, n = _rows_into_state(S, n, cs + sb * BT, ce, k_base, v_base, c_base, e_base, c_end, f, kc, vc,
-                                        mk, mv, K, V, H, scale, DB, BT, HAS_F, HAS_C, DOT, ONES, HAS_E)
+                                        mk, mv, K, V, H, scale, DB, BT, HAS_F, HAS_C, DOT, ONES, HAS_E, SPLIT)
         if not REVERSE:
             tl.store(bord_base + idx.to(tl.int64) * K * V + kv_off, S, mask=mkv)
             if ONES:
-                _store_n(n_border + (chunk0 + idx) * K, kc, n, n_ok)
+                _store_n(n_border + (chunk0 + idx) * K, kc, n, n_ok, SPLIT)
             if HAS_X:
                 _border_products(S, partner, X, b_base, c_base, chunk0 + idx, i_k, i_v, NKT, NVT, ce, eos, kv_off, kc,
-                                 vc, mk, mv, mkv, K, V, H, DB, REVERSE, n, partner_n, n_ok, ONES, XR)
+                                 vc, mk, mv, mkv, K, V, H, DB, REVERSE, n, partner_n, n_ok, ONES, XR, SPLIT)
     tl.store(final + (i_n.to(tl.int64) * H + i_h) * K * V + kv_off, S, mask=mkv)
     if ONES:
-        _store_n(n_final + (i_n.to(tl.int64) * H + i_h) * K, kc, n, n_ok)
+        _store_n(n_final + (i_n.to(tl.int64) * H + i_h) * K, kc, n, n_ok, SPLIT)
 
 
 def chunk_states(k, v, b, c, h0, layout, reverse, dot, state_dtype=torch.float32, scale=1.0, partner=None, gate=None,
