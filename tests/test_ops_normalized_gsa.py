@@ -151,6 +151,28 @@ def test_gsa_varlen():
     check(errs, seed)
 
 
+def test_gsa_bf16_second_pass_takes_float32_softmax(monkeypatch):
+    """bfloat16 inputs on the Triton kernels: the second pass takes the softmax output in float32 beside bf16 s, v
+    (ula/ops/gsa.py, one rounding fewer); outputs and gradients against the float64 reference of the same values
+    (bf16 storage error only: the interpreter's matmuls run in float32), varlen with initial and final states."""
+    import importlib
+    gsa_mod = importlib.import_module("ula.ops.gsa")  # the module (ula.ops.gsa is also the function's name)
+    seed = fresh_seed()
+    seen = []
+    real_run = gsa_mod.run
+    monkeypatch.setattr(gsa_mod, "run", lambda p, *a: seen.append(p.dtype) or real_run(p, *a))
+    cu = rand_cu()
+    Tn, N = int(cu[-1]), len(cu) - 1
+    inp = _gsa_inputs(1, Tn, N, False, True)
+    for n in ("q", "k", "v", "s"):
+        inp[n] = inp[n].bfloat16()
+    errs = compare(lambda h0, **x: ula.gsa(**x, initial_state=h0, output_final_state=True, cu_seqlens=cu,
+                                           chunk_size=CHUNK, backend="triton"),
+                   lambda h0, **x: per_sequence(lambda h0, g, **y: _ref_gsa(h0, g, **y), cu, x, {}, h0), inp)
+    assert seen == [torch.float32], seen
+    check(errs, seed, tol=2e-2)
+
+
 def test_abc():
     """g = None: ABC with the paper's cumulative-softmax write strengths (Eq. 3-4), plain and varlen."""
     seed = fresh_seed()

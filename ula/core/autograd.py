@@ -67,7 +67,8 @@ def forward_pass(F, q, k, v, ld, rd, h0, scale, cu_seqlens, reverse, chunk_size,
             k = gated_keys(k, key_gate)
     o, S, _ = F(q, k, v, canonical_left(_floored(F, q, ld), q.shape[1]), _floored(F, q, rd), scale=scale, initial_state=h0,
                 cu_seqlens=cu_seqlens, reverse=reverse, chunk_size=chunk_size,
-                out_dtype=None if rd is not None else v.dtype, state_dtype=half_states(q), **kw)
+                out_dtype=None if rd is not None else v.dtype, state_dtype=half_states(k), **kw)  # k: GSA's
+    # second pass gives q (the softmax output) in float32 beside bfloat16 k, v (ula/ops/gsa.py); its borders stay bf16
     return o, S
 
 

@@ -16,6 +16,9 @@ Arguments: g = log α [B, T, H, m] (<= 0) and s [B, T, H, m] the write strengths
 import torch
 
 from ..core import linear_attention
+from ..core.api import _pad_to_16
+from ..core.backends import chunk_fn, runs_triton
+from ..core.op import run
 from ..core.time_scan import scan_time
 from ._checks import (check_float, check_sequence, check_state_tuple, check_step_qkv, num_sequences)
 from ._common import PackedLayout, _step, decay_dtype
@@ -80,9 +83,26 @@ def gsa(q, k, v, s=None, g=None, *, scale=None, initial_state=None, output_final
     kw = dict(output_final_state=output_final_state, cu_seqlens=cu_seqlens, chunk_size=chunk_size,
               backend=backend)
     o1, S1 = linear_attention(q, k, s, None, g, scale=scale, initial_state=h1, **kw)
-    p = torch.softmax(o1.to(decay_dtype(q)), -1).to(q.dtype)
-    o, S2 = linear_attention(p, s, v, g, None, scale=1.0, initial_state=h2, **kw)
+    p = torch.softmax(o1.to(decay_dtype(q)), -1)
+    o, S2 = _second_pass(p, s, v, g, h2, q.dtype, kw)
     return o, ((S1, S2) if output_final_state else None)
+
+
+def _second_pass(p, s, v, g, h2, dtype, kw):
+    """Pass 2 on the softmax output p (float32). Half-precision inputs on the Triton kernels: p enters them in
+    float32 (the core call without its one-dtype check; no padding needed). Their matmuls round p once, together
+    with its decay factor, where a bf16 copy of p was rounded twice, and dp comes out float32 for the softmax's
+    backward (bf16 error vs float64 on the CPU emulation, benchmarks/results/bf16_error_study_gsa_cpu.txt: o 3.76e-3
+    -> 3.30e-3, dv 3.71 -> 3.31, ds 3.74 -> 3.31, dq 3.66 -> 3.51, dg 5.32 -> 5.07). Traffic about even: the
+    kernels read p in float32 (~5 reads, +2 bytes per element each), no bf16 copies of p and of dp are made."""
+    backend, C = kw["backend"], kw["chunk_size"]
+    if (dtype not in (torch.float16, torch.bfloat16) or not runs_triton(backend, p.device)
+            or _pad_to_16(p.shape[-1]) or _pad_to_16(v.shape[-1])):
+        return linear_attention(p.to(dtype), s, v, g, None, scale=1.0, initial_state=h2, **kw)
+    if C is None:
+        C = chunk_fn(backend, p.device).pick_chunk(g, None)
+    o, S, _ = run(p, s, v, g, None, h2, kw["cu_seqlens"], 1.0, False, C, backend)
+    return o, (S if kw["output_final_state"] else None)
 
 
 def gsa_step(q, k, v, s=None, g=None, state=None, *, scale=None):

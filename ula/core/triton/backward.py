@@ -60,7 +60,7 @@ def _setup(q, k, v, do, decay, h0, dS, cu_seqlens, rev, C, f32_states=False):
     sdot = state_dot(DOT_F32 if f32_states else dot)  # tf32 with ULA_STATE_PRECISION=tf32
     f32 = torch.float32
     # border states in bfloat16 where only matmuls read them (the callers take float32 where the decay gradient does)
-    half = border_dtype(q, sdot)
+    half = border_dtype(k, sdot)  # k, not q: q may be float32 beside bfloat16 k, v (GSA's second pass)
     h0f = h0.to(f32).contiguous() if h0 is not None else None
     dSf = dS.to(f32).contiguous() if dS is not None else None
     return q, k, v, do, _Setup(layout, fwd, bwd, dot, sdot, half, h0f, dSf)
