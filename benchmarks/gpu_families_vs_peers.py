@@ -30,7 +30,7 @@ import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 from ula.bench import families as fam  # noqa: E402
-from ula.bench.measure import measure_on  # noqa: E402
+from ula.bench.measure import graph_times, measure_on  # noqa: E402
 from ula.bench.script import Run  # noqa: E402
 
 SCRIPT = os.path.abspath(__file__)
@@ -64,6 +64,9 @@ def add_args(ap):
                     help="time our ops and the non-TFLA peers this many times in turn; the checks take medians (two "
                          "single runs on one H100 differed by up to 40%%, session 9)")
     ap.add_argument("--plot-from", default=None, help="redraw the PNG from a results JSON and exit")
+    ap.add_argument("--graph", action="store_true",
+                    help="also time CUDA-graph replays (fwd_graph_ms, fwdbwd_graph_ms: GPU time without the host's); "
+                         "the ratio checks are then repeated on them")
 
 
 def ints(s):
@@ -88,7 +91,13 @@ def config(run):
 def timed(run, f, x):
     fn, args = fam.as_args(f, x)
     t_f, t_fb, mem = measure_on(run.device, fn, args, reps=2)
-    return dict(fwd_ms=t_f, fwdbwd_ms=t_fb, peak_mib=mem)
+    res = dict(fwd_ms=t_f, fwdbwd_ms=t_fb, peak_mib=mem)
+    if run.args.graph and run.device == "cuda":  # after the memory figure: a graph's pool holds its own buffers
+        try:
+            res["fwd_graph_ms"], res["fwdbwd_graph_ms"] = graph_times(fn, args)
+        except Exception as e:  # noqa: BLE001  (a peer or op that cannot be captured keeps its eager numbers)
+            res["graph_error"] = f"{type(e).__name__}: {e}"[:300]
+    return res
 
 
 def ours_case(run, op, shape, slots, chunk=None):
@@ -148,7 +157,7 @@ def run_peer(run, name, shape, mem_T, rnd=0):
                              f"budget left; raise --budget-s"))
         return
     args = ["--shape", ",".join(map(str, shape)), "--mem-T", ",".join(map(str, mem_T)),
-            "--sections", run.args.sections, "--slots", str(run.args.slots)]
+            "--sections", run.args.sections, "--slots", str(run.args.slots)] + (["--graph"] if run.args.graph else [])
     rows, how = run.child(SCRIPT, [name] + args, timeout=min(run.time_left() + 30, 3 * need))  # a hang ends too
     for r in rows:
         run.add(dict(r, round=rnd, **{k: v for k, v in how.items() if k != "stderr_tail"}))
@@ -233,6 +242,13 @@ def checks(run, mem_T):
         a, b = run.get(*num), run.get(*den)
         v = None if a is None or b is None else round(a / b, 3)
         run.check(claim, v, target, None if v is None else bool(test(v)))
+    if run.args.graph:  # the same ratios of times, in GPU time (graph replays), where both sides were captured
+        for claim, num, den, target, test in RATIOS:
+            if not num[2].endswith("_ms"):
+                continue
+            a, b = (run.get(s, c, k.replace("_ms", "_graph_ms")) for s, c, k in (num, den))
+            v = None if a is None or b is None else round(a / b, 3)
+            run.check(claim + " (CUDA graph replays)", v, target, None if v is None else bool(test(v)))
     tried = [r for r in run.rows if r.get("section") == "ops" and r.get("case") == "mlstm_exp" and not r.get("skipped")]
     ran = bool(run.select("ops", case="mlstm_exp"))
     run.check("our mLSTMexp compiles and runs here", ran if tried else None, "runs", ran if tried else None)
@@ -292,6 +308,8 @@ def body(run):
                 run_peer(run, p, shape, mem_T, rnd)
     checks(run, mem_T)
     cols = ["case", "shape", "fwd_ms", "fwdbwd_ms", "peak_mib", "wall_s"]
+    if run.args.graph:
+        cols[4:4] = ["fwd_graph_ms", "fwdbwd_graph_ms"]
     run.print_table("ours and the peers, " + tag, [r for r in run.rows if r["section"] in ("ops", "peers")],
                     cols, {"case": 18, "shape": 26})
     run.print_table("TFLA trade-off, our mLSTMsig", [r for r in run.rows if r["section"] == "tfla"],
