@@ -1,0 +1,93 @@
+"""GSA's precision choices timed and measured in one run (issue 8 item 6: bf16 error no worse than fla's, without
+losing GSA's time bar): forward+backward time (eager do_bench and CUDA-graph replays) at B2 T8192 H16 K=V=128 m=64
+and the bf16 error of o and every gradient against float64 at the quality test's B2 T2048 (inputs and output
+gradient as benchmarks/gpu_hardening.py's quality test, so fla's numbers there compare: session 11, H100, o 3.19e-3,
+dq 2.89, dk 2.96, dv 2.85, ds 2.73, dg 2.97).
+
+    python3 benchmarks/gpu_gsa_variants.py [--variants default,p_bf16,own_tf32,c64p2,own_tf32+c64p2]
+
+Variants: default (ula.gsa as it is); p_bf16 (the softmax output rounded to bf16 before pass 2, as before session
+12); own_tf32 (ula.set_precision(own_block="tf32"): the own diagonal block of decays per slot in tf32); c64p2
+(chunk 64 for pass 2 only); '+' combines them. One JSON line per variant."""
+import argparse
+import importlib
+import json
+import os
+import sys
+
+import torch
+import triton
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+import ula  # noqa: E402
+from ula.bench import families as fam  # noqa: E402
+from ula.bench.measure import graph_times, measure  # noqa: E402
+from ula.core.api import linear_attention  # noqa: E402
+
+gsa_mod = importlib.import_module("ula.ops.gsa")
+_second_pass = gsa_mod._second_pass
+
+
+def _p_bf16(p, s, v, g, h2, dtype, kw):
+    return linear_attention(p.to(dtype), s, v, g, None, scale=1.0, initial_state=h2, **kw)
+
+
+def _c64(p, s, v, g, h2, dtype, kw):
+    return _second_pass(p, s, v, g, h2, dtype, dict(kw, chunk_size=64))
+
+
+def apply(variant):
+    parts = set(variant.split("+"))
+    gsa_mod._second_pass = _p_bf16 if "p_bf16" in parts else _c64 if "c64p2" in parts else _second_pass
+    ula.set_precision(own_block="tf32" if "own_tf32" in parts else "default")
+
+
+def rel(x, ref):
+    x, ref = x.detach().double(), ref.detach().double()
+    return ((x - ref).norm() / ref.norm()).item() if torch.isfinite(x).all() else float("inf")
+
+
+def errors(B, T, H, K, V, dev="cuda"):
+    x = fam.make("gsa", B, T, H, K, V, dev, torch.bfloat16)
+    torch.manual_seed(4)
+    do = torch.randn(B, T, H, V, device=dev, dtype=torch.bfloat16)
+    out = {}
+    for side, dt in (("ref", torch.float64), ("got", None)):
+        xs = {n: (t.detach().to(dt) if dt else t.detach().clone()).requires_grad_() for n, t in x.items()}
+        o = fam.ours("gsa", backend="torch" if dt else ("auto" if dev == "cuda" else "triton"))(xs)
+        (o * do.to(o.dtype)).sum().backward()
+        out[side] = dict(o=o.detach(), **{"d" + n: t.grad for n, t in xs.items()})
+    return {n: round(rel(out["got"][n], r), 6) for n, r in out["ref"].items()}
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--variants", default="default,p_bf16,own_tf32,c64p2,own_tf32+c64p2")
+    ap.add_argument("--shape", default="2,8192,16,128,128")
+    ap.add_argument("--q-shape", default="2,2048,16,128,128")
+    ap.add_argument("--cpu-smoke", action="store_true", help="errors only, on the CPU (Triton's interpreter)")
+    a = ap.parse_args()
+    if a.cpu_smoke:
+        for variant in a.variants.split(","):
+            apply(variant)
+            print(variant, errors(*(int(v) for v in a.q_shape.split(",")), dev="cpu"))
+        apply("default")
+        return
+    shape = tuple(int(v) for v in a.shape.split(","))
+    print(json.dumps(dict(device=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
+                          shape=shape, q_shape=a.q_shape)), flush=True)
+    for variant in a.variants.split(","):
+        apply(variant)
+        fn, args = fam.as_args(fam.ours("gsa"), fam.make("gsa", *shape, "cuda", torch.bfloat16))
+        t_f, t_fb, mem = measure(fn, args)
+        g_f, g_fb = graph_times(fn, args)
+        del fn, args
+        torch.cuda.empty_cache()
+        err = errors(*(int(v) for v in a.q_shape.split(",")))
+        print(json.dumps(dict(variant=variant, fwd_ms=round(t_f, 4), fwdbwd_ms=round(t_fb, 4), peak_mib=round(mem, 1),
+                              fwd_graph_ms=round(g_f, 4), fwdbwd_graph_ms=round(g_fb, 4), errors=err)), flush=True)
+    apply("default")
+
+
+if __name__ == "__main__":
+    main()
