@@ -17,7 +17,7 @@ import torch
 
 from ..core import linear_attention
 from ..core.api import _pad_to_16
-from ..core.backends import chunk_fn, runs_triton
+from ..core.backends import chunk_fn, runs_fused
 from ..core.op import run
 from ..core.time_scan import scan_time
 from ._checks import (check_float, check_sequence, check_state_tuple, check_step_qkv, num_sequences)
@@ -94,9 +94,10 @@ def _second_pass(p, s, v, g, h2, dtype, kw):
     with its decay factor, where a bf16 copy of p was rounded twice, and dp comes out float32 for the softmax's
     backward (bf16 error vs float64 on the CPU emulation, benchmarks/results/bf16_error_study_gsa_cpu.txt: o 3.76e-3
     -> 3.30e-3, dv 3.71 -> 3.31, ds 3.74 -> 3.31, dq 3.66 -> 3.51, dg 5.32 -> 5.07). Traffic about even: the
-    kernels read p in float32 (~5 reads, +2 bytes per element each), no bf16 copies of p and of dp are made."""
+    kernels read p in float32 (~5 reads, +2 bytes per element each), no bf16 copies of p and of dp are made. Not under
+    a torch.compile trace (runs_fused): the internal call is opaque to it, so the public one takes bf16 p there."""
     backend, C = kw["backend"], kw["chunk_size"]
-    if (dtype not in (torch.float16, torch.bfloat16) or not runs_triton(backend, p.device)
+    if (dtype not in (torch.float16, torch.bfloat16) or not runs_fused(backend, p.device)
             or _pad_to_16(p.shape[-1]) or _pad_to_16(v.shape[-1])):
         return linear_attention(p.to(dtype), s, v, g, None, scale=1.0, initial_state=h2, **kw)
     if C is None:
