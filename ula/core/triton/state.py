@@ -76,7 +76,8 @@ def _chunk_factors(it, nc, bos, eos, b_base, u_base, kc, mk, H, DB: tl.constexpr
 
 
 # the normalizer n is carried as a [BK, NW] block, not a [BK] vector: the three state calls of an mLSTMexp f+b
-# (B2 T8192 H16 K=V=128 bf16) 0.96 -> 0.62 ms, without the column 0.43 (benchmarks/results/state_calls_h100_session11.txt).
+# (B2 T8192 H16 K=V=128 bf16) 0.96 -> 0.62 ms, without the column 0.43
+# (benchmarks/results/state_calls_h100_session11.txt).
 # Its row sums Σ_t e_t k_t (e: ones, or the gradient of the normalizer) are float32 sums: in half precision they
 # cancel in the backward (session 11). SPLIT (bfloat16 matmuls, no decay or gate on k): the same sums as one matmul
 # kᵀ [BT, NW] whose first three columns are e split in three bfloat16 parts, e = hi + mid + lo up to 2^-27 e: each
@@ -284,7 +285,8 @@ def _state_kernel(k, v, b, c, u, h0, border, final, partner, X, n0, n_border, n_
             else:
                 for sb in tl.static_range(NB):
                     S, n = _rows_into_state(S, n, cs + sb * BT, ce, k_base, v_base, c_base, e_base, c_end, 0.0,
-                                            kc, vc, mk, mv, K, V, H, scale, DB, BT, HAS_F, HAS_C, DOT, ONES, HAS_E, SPLIT)
+                                            kc, vc, mk, mv, K, V, H, scale, DB, BT, HAS_F, HAS_C, DOT, ONES, HAS_E,
+                                            SPLIT)
         else:
             for sb in range(NB):
                 f = 0.0
