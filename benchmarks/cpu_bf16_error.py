@@ -123,7 +123,30 @@ def one(a, seed):
         return [o] + [x.grad for x in xs]
 
     ref = run("torch", torch.float64)
+    cap = {}
+    if a.dg_parts:  # the Triton backward's decay gradient, from its per-step terms alone and from its border terms
+        from ula.core.triton import backward as bw
+        orig = bw.decay_grad_from_terms
+
+        def parts(db, X, *args, **kw):
+            cap["dg_step"] = orig(db, torch.zeros_like(X), *args, **kw)
+            cap["dg_X"] = orig(torch.zeros_like(db), X, *args, **kw)
+            return orig(db, X, *args, **kw)
+        bw.decay_grad_from_terms = parts
     got = run("triton", torch.bfloat16 if a.bf16 else torch.float32)
+    if a.dg_parts:
+        bw.decay_grad_from_terms = orig
+        # float64 reference of the parts: per-step terms q ⊙ dq − k ⊙ dk summed from each step to its chunk's end
+        # (forward direction), the border terms the rest of dg
+        q, k = xs0[0].double(), xs0[1].double()
+        t = q * ref[1] - k * ref[2]
+        tc = t.reshape(B, T // a.chunk, a.chunk, H, K)
+        step = (tc.flip(2).cumsum(2).flip(2)).reshape(B, T, H, K)
+        dg_ref = ref[4]
+        out = {n: ((x.double() - y).norm() / y.norm()).item() for n, x, y in zip(names, got, ref)}
+        for n, x, y in (("dg_step", cap["dg_step"], step), ("dg_X", cap["dg_X"], dg_ref - step)):
+            out[n] = ((x.double() - y).norm() / dg_ref.norm()).item()  # relative to dg's norm
+        return out
     if a.op == "gsa" and a.split_dg:  # dg1: pass 1's (right decay), dg2: pass 2's (left decay), dg: their sum
         names = names[:-1] + ["dg1", "dg2", "dg"]
         got, ref = got + [got[-2] + got[-1]], ref + [ref[-2] + ref[-1]]
@@ -141,6 +164,8 @@ def main():
     ap.add_argument("--m", type=int, default=64, help="gsa: memory slots")
     ap.add_argument("--variant", default="", help="gsa: study switches, comma-separated (see gsa_study)")
     ap.add_argument("--split-dg", action="store_true", help="gsa: dg of each pass apart (dg1, dg2) and summed")
+    ap.add_argument("--dg-parts", action="store_true",
+                    help="gla: dg's error from its per-step terms (dg_step) and border terms (dg_X), each over |dg|")
     ap.add_argument("--bf16", action="store_true", help="bfloat16 input tensors (rounded outputs, see above)")
     ap.add_argument("--gpu-inputs", action="store_true",
                     help="the GPU quality test's inputs (ula/bench/families.make: q scaled K^-0.5, gates logsigmoid(x + 4))")

@@ -10,7 +10,7 @@ from .cumsum import chunk_cumsum
 from .decay_grad import log_decay_grad_triton
 from .output import chunk_output
 from .state import chunk_states
-from .utils import DOT_TF32, cdiv, dot_code, state_dot
+from .utils import DOT_BF16, DOT_BF16_EMULATED, DOT_TF32, cdiv, dot_code, state_dot, study
 
 
 @dataclass
@@ -90,7 +90,11 @@ def chunk_recurrence_triton(q, k, v, gl=None, gr=None, *, scale=1.0, initial_sta
     b = chunk_cumsum(gl, layout, reverse) if gl is not None else None
     c = chunk_cumsum(gr, layout, reverse) if gr is not None else None
     u = key_gate.contiguous() if key_gate is not None else None
-    border, final, _ = chunk_states(k, v, b, c, h0, layout, reverse, sdot, state_dtype or torch.float32, gate=u)
+    st_dot = sdot
+    if sdot != DOT_TF32 and dot in (DOT_BF16, DOT_BF16_EMULATED):  # precision study switches (utils.STUDY)
+        st_dot = DOT_TF32 if study("st", "F") else sdot
+        state_dtype = torch.float32 if study("sq", "f") else state_dtype
+    border, final, _ = chunk_states(k, v, b, c, h0, layout, reverse, st_dot, state_dtype or torch.float32, gate=u)
     o = chunk_output(q, k, v, b, c, border, h0, scale, layout, reverse, dot, out_dtype or torch.float32, gate=u,
                      state_dot=sdot)
     if reverse and (gl is not None or gr is not None):

@@ -57,6 +57,25 @@ EMULATE_BF16 = INTERPRET and os.environ.get("ULA_EMULATE_BF16") == "1"
 _TF32_MODE = tl.constexpr(2 if EMULATE_BF16 else 1 if INTERPRET else 0)
 
 
+# Precision study switches (benchmarks/results/bf16_error_study_gla_bf16_cpu.txt), all off by default, read at
+# import: ULA_GLA_STUDY="name=letters,..." with passes f (forward output), q, k, v (the dQ, dK, dV passes) or state
+# kernels F (forward), R (the backward's forward-direction states), G (the state gradients):
+#   st=FRG    the named state kernels' matmuls in tf32, border states kept in the caller's dtype (no extra bytes)
+#   sq=fqkv   the named passes' q @ S in tf32 (f, q: their border states stored float32, 2x those bytes; k, v read
+#             float32 border states already when the decay gradient is needed)
+#   sqh=fq    q @ S in tf32 with the border states kept bfloat16 (q e^b no longer rounded to bfloat16; no extra bytes)
+#   hilo=fqkv decays per feature: A @ v of the off-diagonal key blocks with A split into bfloat16 hi + lo (a second
+#             matmul of the same shape, no extra bytes)
+#   hiloown=fqkv  the same for the rows' own block (where it is not in tf32)
+#   own=fqkv  the rows' own block in tf32 in the named passes only (ULA_OWN_PRECISION=tf32: all of them)
+STUDY = dict(kv.split("=", 1) for kv in os.environ.get("ULA_GLA_STUDY", "").split(",") if "=" in kv)
+
+
+def study(name, which):
+    """Whether study switch `name` (STUDY) names pass or state kernel `which`."""
+    return which in STUDY.get(name, "")
+
+
 def alloc(shape, device, dtype=torch.float32):
     """Every output buffer of the kernels comes from here: NaN-filled when ULA_POISON_OUTPUTS=1 (tests), so an
     element that no kernel writes cannot pass a comparison."""
@@ -143,11 +162,23 @@ def round_bf16(x):
     return bits.to(tl.float32, bitcast=True)
 
 
+# precision studies: ULA_TF32_TRUNC=1 emulates tf32 operands by truncation (the low 13 mantissa bits dropped, as an
+# MMA unit reading float32 registers may do) instead of rounding to nearest
+_TF32_TRUNC = tl.constexpr(os.environ.get("ULA_TF32_TRUNC") == "1")
+# H100 tf32 dots of float32 tiles behave as truncation (ULA_TF32_TRUNC=1 reproduces the H100's errors of the tf32
+# switches within 2%, benchmarks/results/bf16_error_study_gla_bf16_cpu.txt); ULA_TF32_ROUND=1 (GPU, off by default,
+# not yet timed) rounds the operands to nearest tf32 before the dot: 3 integer operations per operand element
+_TF32_ROUND = tl.constexpr(os.environ.get("ULA_TF32_ROUND") == "1")
+
+
 @triton.jit
 def round_tf32(x):
     """float32 x rounded to the nearest tf32 (10 explicit mantissa bits, ties to even), kept in float32."""
     bits = x.to(tl.uint32, bitcast=True)
-    bits = (bits + 0xFFF + ((bits >> 13) & 1)) & 0xFFFFE000
+    if _TF32_TRUNC:
+        bits = bits & 0xFFFFE000
+    else:
+        bits = (bits + 0xFFF + ((bits >> 13) & 1)) & 0xFFFFE000
     return bits.to(tl.float32, bitcast=True)
 
 
@@ -183,10 +214,28 @@ def mm(a, b, DOT: tl.constexpr):
             return tl.dot(round_tf32(a.to(tl.float32)), round_tf32(b.to(tl.float32)), input_precision="ieee")
         elif _TF32_MODE == 1:
             return tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
+        elif _TF32_ROUND:  # study switch: operands rounded to nearest tf32 first (the MMA truncates them)
+            return tl.dot(round_tf32(a.to(tl.float32)), round_tf32(b.to(tl.float32)), input_precision="tf32")
         else:
             return tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="tf32")
     else:
         return tl.dot(cast_dot(a, DOT), cast_dot(b, DOT))
+
+
+@triton.jit
+def mm_split(a, b, DOT: tl.constexpr):
+    """a @ b for bfloat16 operands (DOT 2, or 3 emulated) with float32 a split into bfloat16 hi + lo (two matmuls,
+    a kept to ~16 bits); b as mm takes it. Other DOT: mm. (Precision study switch hilo, utils.STUDY.)"""
+    if DOT == 2:
+        hi = a.to(tl.bfloat16)
+        lo = (a - hi.to(tl.float32)).to(tl.bfloat16)
+        bb = b.to(tl.bfloat16)
+        return tl.dot(lo, bb, tl.dot(hi, bb))
+    elif DOT == 3:
+        hi = round_bf16(a.to(tl.float32))
+        return mm(hi, b, DOT) + mm(a.to(tl.float32) - hi, b, DOT)
+    else:
+        return mm(a, b, DOT)
 
 
 def tuned(kernel, defaults):
