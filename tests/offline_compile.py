@@ -136,6 +136,16 @@ def core_cases(B=2, T=300, H=2, K=128, V=128, dtype=torch.bfloat16):
         h, (C, n, m) = ula.mlstm(q, k, v, i, f, variant="exp", initial_state=init, output_final_state=True,
                                  backend="triton")
         (h.float().sum() + C.sum() + n.sum()).backward()
+        # the gate scan alone with cu_seqlens and m_0, on its parallel and its sequential kernels (PARALLEL False,
+        # kept for benchmarks/gpu_gate_tiles.py --sequential)
+        from ula.ops import _mlstm_gate_kernels as gates
+        for par in (True, False):
+            gates.PARALLEL = par
+            i1, f1 = (torch.randn(1, B * T, H, generator=g).requires_grad_() for _ in range(2))
+            outs = gates.mlstm_exp_gates(i1, f1, torch.zeros(3, H).requires_grad_(), torch.tensor([0, 7, 250, B * T]),
+                                         torch.float32)
+            sum(o.sum() for o in outs).backward()
+        gates.PARALLEL = True
         # normalized attention: the L2 norm and the fused epilogue (ula/ops/_l2norm.py, _normalized_epilogue.py)
         q, k, v = r(B, T, H, K), r(B, T, H, K), r(B, T, H, V)
         o, S = ula.normalized_linear_attention(q, k, v, 1.0, torch.ones(H).requires_grad_(), output_final_state=True,

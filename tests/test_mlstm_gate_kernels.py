@@ -1,7 +1,8 @@
 """The fused mLSTMexp gate scan (ula/ops/_mlstm_gate_kernels.py) against its PyTorch form `_exp_gates`: every
 output and the gradients of i, f and m_0 (random upstream gradients on ld', logw, m and m_T) in float64, with
 blocks cut mid-sequence, varlen, large gates, the 0 floor or m_0 winning at the start, exact ties; then
-mlstm(variant="exp") on the Triton backend against the torch backend."""
+mlstm(variant="exp") on the Triton backend against the torch backend. These run the parallel kernels (the
+default); the last tests set tiny blocks and compare them with the sequential ones too."""
 import pytest
 import torch
 
@@ -191,3 +192,80 @@ def test_mlstm_exp_triton_matches_torch(varlen, one_thread, monkeypatch):
             assert (a.double() - b).norm() <= 1e-3 * b.norm() + 1e-6, (j, seed)
         else:
             assert rel(a, b) <= 1e-4, (j, seed)
+
+
+# The parallel kernels (PARALLEL, the default): a block per program, carries from the other blocks' summaries.
+# Tiny blocks (BT = 4) and pieces (NC = 2 summaries read at a time) make every carry cross many block and piece
+# borders; the sequential kernels (PARALLEL = False) and `_exp_gates` are the references.
+
+
+def _grads_of(i, f, m0, cu, gs, parallel, monkeypatch):
+    from ula.ops import _mlstm_gate_kernels as kernels
+    monkeypatch.setattr(kernels, "PARALLEL", parallel)
+    leaves = [x.detach().clone().requires_grad_() if x is not None else None for x in (i, f, m0)]
+    outs = mlstm_exp_gates(*leaves, cu)
+    live = [x for x in leaves if x is not None]
+    return list(outs) + list(torch.autograd.grad(outs, live, gs))
+
+
+def _check_paths(i, f, m0, cu, seed, monkeypatch, tiles="4,1,4,2", tol=1e-12, exact_forward=False):
+    """The parallel kernels against `_exp_gates` (as _check) and against the sequential kernels, under `tiles`.
+    exact_forward: F exactly 0 (logσ(f) = 0), so the forward has no sum to re-associate and agrees bitwise."""
+    from ula.core.triton.utils import set_tuning
+    set_tuning("mlstm_gates", tiles)
+    try:
+        _check(i, f, m0, cu, seed, tol=tol)
+        N = i.shape[0] if cu is None else len(cu) - 1
+        shapes = [i.shape, i.shape, i.shape, (N, i.shape[2])]
+        gs = [torch.randn(s, dtype=D) for s in shapes]
+        par = _grads_of(i, f, m0, cu, gs, True, monkeypatch)
+        seq = _grads_of(i, f, m0, cu, gs, False, monkeypatch)
+    finally:
+        set_tuning("mlstm_gates", None)
+    for n, a, b in zip(NAMES + ("di", "df", "dm0"), par, seq):
+        if exact_forward and n in NAMES:
+            assert torch.equal(a, b), (n, seed)
+        assert (a - b).abs().max() <= tol * (1.0 + b.abs().max()), (n, seed)
+
+
+@pytest.mark.parametrize("has_m0", [False, True])
+def test_parallel_long_runs_exact(has_m0, one_thread, monkeypatch):
+    """f̃ = 1000 (logσ(f̃) = 0, F = 0): integer gates, so exact ties everywhere; an early large ĩ stays the max for
+    many blocks (ties with it later: the later step takes over), and a run starts mid-block and spans 4 blocks."""
+    seed = fresh_seed()
+    i = torch.randint(-3, 4, (2, 61, 2)).to(D)
+    i[0, 2, 0], i[0, 41, 0], i[0, 50, 0] = 9.0, 9.0, 12.0  # blocks 0-10 run on step 2, tie at 41, then 50
+    i[0, 6, 1], i[0, 23, 1] = 9.0, 10.0  # step 6 (mid block 1) holds the max through block 5
+    i[1, 13, :] = 3.0  # ties with the random integers of later steps
+    f = torch.full_like(i, 1000.0)
+    m0 = torch.tensor([[9.0, 2.0], [3.0, -1.0]], dtype=D) if has_m0 else None  # ties with the runs' maxima
+    _check_paths(i, f, m0, None, seed, monkeypatch, tol=1e-15, exact_forward=True)
+
+
+@pytest.mark.parametrize("has_m0", [False, True])
+def test_parallel_long_runs(has_m0, one_thread, monkeypatch):
+    """Gates with F drifting down slowly: an early large ĩ stays the max over most of the sequence (one run across
+    ~14 blocks and 7 pieces), another run starts mid-block; the 0 floor or m_0 wins at the start of the other
+    head."""
+    seed = fresh_seed()
+    i, f = _gates(2, 61, 3)
+    f += 3.0
+    i[:, 3, 0] += 30.0
+    i[:, 6, 1] += 12.0
+    i[:, :20, 2] -= 40.0
+    m0 = torch.randn(2, 3, dtype=D) * 3 if has_m0 else None
+    _check_paths(i, f, m0, None, seed, monkeypatch)
+
+
+@pytest.mark.parametrize("tiles", ["4,1,4,2", "4,2,4,2", "8,4,4,4"])
+def test_parallel_varlen(tiles, one_thread, monkeypatch):
+    """Packed sequences of 1 step, exactly one block, two blocks, many blocks (with a long run) and a few steps,
+    with m_0 and without; blocks of a head block (BH = 2, 4 with H = 3: masked heads)."""
+    seed = fresh_seed()
+    lens = [1, 4, 8, 37, 3, 1]
+    cu = torch.tensor([0] + lens).cumsum(0)
+    T = int(cu[-1])
+    i, f = _gates(1, T, 3, large=True)
+    i[0, 16, :] += 80.0  # the 37-step sequence starts at 13: step 3 of it stays the max
+    _check_paths(i, f, torch.randn(len(lens), 3, dtype=D) * 5, cu, seed, monkeypatch, tiles=tiles)
+    _check_paths(i, f, None, cu, seed, monkeypatch, tiles=tiles)

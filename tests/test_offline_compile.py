@@ -26,7 +26,9 @@ def test_every_launched_configuration_compiles_for_sm90():
     assert not bad, "\n".join(bad)
     kernels = {re.search(r"(_\w+_kernel) ", ln).group(1) for ln in lines}
     expected = {"_state_kernel", "_output_kernel", "_cumsum_kernel", "_decay_grad_kernel", "_step_kernel",
-                "_mlstm_gates_fwd_kernel", "_mlstm_gates_bwd_kernel", "_mlstm_epilogue_fwd_kernel",
+                "_mlstm_gates_fwd_kernel", "_mlstm_gates_bwd_kernel", "_mlstm_gates_fwd_sum_kernel",
+                "_mlstm_gates_bwd_sum_kernel", "_mlstm_gates_fwd_seq_kernel", "_mlstm_gates_bwd_seq_kernel",
+                "_mlstm_epilogue_fwd_kernel",
                 "_mlstm_epilogue_bwd_kernel", "_l2norm_kernel", "_forward_kernel",
                 "_backward_kernel", "_entry_fwd_kernel", "_entry_dq_kernel", "_entry_de_kernel"}
     assert expected <= kernels, kernels

@@ -157,7 +157,7 @@ def mlstm(q, k, v, i, f, variant="exp", *, eps=1e-6, scale=None, initial_state=N
                                 key_gate=F.logsigmoid(i.to(ddt)), **kw)
     m0 = None if initial_state is None else initial_state[2]
     if runs_fused(backend, q.device):
-        # one Triton kernel each way for the gate scan (ula/ops/_mlstm_gate_kernels.py): the ~60 small float64
+        # two Triton launches each way for the gate scan (ula/ops/_mlstm_gate_kernels.py): the ~60 small float64
         # ops of `_exp_gates` and their backward cost the host more than the GPU's work; ld' and logw come in
         # the core's dtype (cast there from float64, as `_exp_run` would)
         from ._mlstm_gate_kernels import mlstm_exp_gates
