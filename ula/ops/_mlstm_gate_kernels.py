@@ -159,6 +159,16 @@ def _block(p, cu, N, T, NB, BT: tl.constexpr, NS: tl.constexpr, VARLEN: tl.const
 
 
 @triton.jit
+def _program(cu, N, T, H, NB, BT: tl.constexpr, BH: tl.constexpr, NS: tl.constexpr, VARLEN: tl.constexpr):
+    """A parallel program's (flat block, head block): its sequence, block bounds (_block), step offsets in the
+    block and heads (with their mask)."""
+    p, i_h = tl.program_id(0), tl.program_id(1)
+    n, bos, L, start, c0, c1 = _block(p, cu, N, T, NB, BT, NS, VARLEN)
+    hc = i_h * BH + tl.arange(0, BH)
+    return p, n, bos, L, start, c0, c1, tl.arange(0, BT), hc, hc < H
+
+
+@triton.jit
 def _base(x, n, bos, hc, s_b, s_t, s_h, VARLEN: tl.constexpr):
     """Row 0 of sequence n of a strided [B, T, H] input, heads hc (packed: batch row 0, rows bos..)."""
     if VARLEN:
@@ -233,9 +243,10 @@ def _m_T(cF, cM, b, HAS_M0: tl.constexpr):
 
 
 @triton.jit
-def _m0(m0, n, H, hc, mh, HAS_M0: tl.constexpr, BH: tl.constexpr):
-    if HAS_M0:
-        return tl.load(m0 + n * H + hc, mask=mh, other=0.0).to(tl.float64)
+def _per_head(x, n, H, hc, mh, HAS: tl.constexpr, BH: tl.constexpr):
+    """Sequence n's values of an [N, H] tensor (m_0, or the gradient of m_T) for heads hc in float64, or zeros."""
+    if HAS:
+        return tl.load(x + n * H + hc, mask=mh, other=0.0).to(tl.float64)
     else:
         return tl.zeros([BH], dtype=tl.float64)
 
@@ -253,7 +264,7 @@ def _mlstm_gates_fwd_seq_kernel(i, f, m0, cu, ldp, logw, m, mT, code, T, H, si_b
     pi = _base(i, n, bos, hc, si_b, si_t, si_h, VARLEN)
     pf = _base(f, n, bos, hc, sf_b, sf_t, sf_h, VARLEN)
     po = (bos * H + hc)[None, :]
-    b = _m0(m0, n, H, hc, mh, HAS_M0, BH)
+    b = _per_head(m0, n, H, hc, mh, HAS_M0, BH)
     cF = tl.zeros([BH], dtype=tl.float64)  # F at the last step so far
     cM = tl.full([BH], float("-inf"), tl.float64)  # max of y so far, and its step
     cJ = tl.zeros([BH], dtype=tl.int32)
@@ -269,11 +280,7 @@ def _mlstm_gates_fwd_sum_kernel(i, f, cu, summ, T, H, N, NB, NP, si_b, si_t, si_
     """Parallel forward, first pass, per (flat block, head block): the block's summary in planes of summ
     ([4, blocks, H] float64): the sum of logσ(f), and at the arg-max J of y' = i − F_local (F_local: the
     in-block cumulative sum) i_J, F_local,J and J."""
-    p, i_h = tl.program_id(0), tl.program_id(1)
-    n, bos, L, start, c0, c1 = _block(p, cu, N, T, NB, BT, NS, VARLEN)
-    ar = tl.arange(0, BT)
-    hc = i_h * BH + tl.arange(0, BH)
-    mh = hc < H
+    p, n, bos, L, start, c0, c1, ar, hc, mh = _program(cu, N, T, H, NB, BT, BH, NS, VARLEN)
     rows = start + ar
     msk = (rows < L)[:, None] & mh[None, :]
     r64 = rows.to(tl.int64)[:, None]
@@ -324,15 +331,11 @@ def _mlstm_gates_fwd_kernel(i, f, m0, cu, summ, ldp, logw, m, mT, code, T, H, N,
                             VARLEN: tl.constexpr, HAS_M0: tl.constexpr, SAVE: tl.constexpr):
     """Parallel forward, second pass, per (flat block, head block): the carry from the earlier blocks' summaries,
     then the sequential kernel's block; the sequence's last block writes m_T."""
-    p, i_h = tl.program_id(0), tl.program_id(1)
-    n, bos, L, start, c0, c1 = _block(p, cu, N, T, NB, BT, NS, VARLEN)
-    ar = tl.arange(0, BT)
-    hc = i_h * BH + tl.arange(0, BH)
-    mh = hc < H
+    p, n, bos, L, start, c0, c1, ar, hc, mh = _program(cu, N, T, H, NB, BT, BH, NS, VARLEN)
     pi = _base(i, n, bos, hc, si_b, si_t, si_h, VARLEN)
     pf = _base(f, n, bos, hc, sf_b, sf_t, sf_h, VARLEN)
     po = (bos * H + hc)[None, :]
-    b = _m0(m0, n, H, hc, mh, HAS_M0, BH)
+    b = _per_head(m0, n, H, hc, mh, HAS_M0, BH)
     cF, cM, cJ = _fwd_carry(summ, NP, H, hc, mh, c0, p, BH, NC)
     cF, cM, cJ = _fwd_block(pi, pf, si_t, sf_t, po, ldp, logw, m, code, H, start, L, ar, mh, b, cF, cM, cJ,
                             BT, BH, HAS_M0, SAVE)
@@ -400,14 +403,6 @@ def _bwd_block(pf, sf_t, po, code, gldp, glogw, gm, di, df, H, start, L, ar, mh,
 
 
 @triton.jit
-def _gT(gmT, n, H, hc, mh, HAS_GMT: tl.constexpr, BH: tl.constexpr):
-    if HAS_GMT:
-        return tl.load(gmT + n * H + hc, mask=mh, other=0.0).to(tl.float64)
-    else:
-        return tl.zeros([BH], dtype=tl.float64)
-
-
-@triton.jit
 def _mlstm_gates_bwd_seq_kernel(f, code, cu, gldp, glogw, gm, gmT, di, df, dm0, T, H, sf_b, sf_t, sf_h,
                                 BT: tl.constexpr, BH: tl.constexpr, VARLEN: tl.constexpr, HAS_M0: tl.constexpr,
                                 HAS_GLDP: tl.constexpr, HAS_GLOGW: tl.constexpr, HAS_GM: tl.constexpr,
@@ -420,7 +415,7 @@ def _mlstm_gates_bwd_seq_kernel(f, code, cu, gldp, glogw, gm, gmT, di, df, dm0, 
     mh = hc < H
     pf = _base(f, n, bos, hc, sf_b, sf_t, sf_h, VARLEN)
     po = (bos * H + hc)[None, :]
-    gT = _gT(gmT, n, H, hc, mh, HAS_GMT, BH)
+    gT = _per_head(gmT, n, H, hc, mh, HAS_GMT, BH)
     pend = tl.zeros([BH], dtype=tl.float64)  # gradient of later blocks' steps for the arg-max J at this block's end
     cR = tl.zeros([BH], dtype=tl.float64)  # Σ (G − A) over the later blocks
     g0 = tl.zeros([BH], dtype=tl.float64)
@@ -439,15 +434,11 @@ def _mlstm_gates_bwd_sum_kernel(code, cu, gm, gmT, summ, T, H, N, NB, NP, BT: tl
     """Parallel backward, first pass, per (flat block, head block): the block's summary in planes of summ
     ([3, blocks, H] float64): its first step's arg-max kf, P = Σ x over its steps with that arg-max, and
     D = Σ (1 − w) G = Σ G − Σ x."""
-    p, i_h = tl.program_id(0), tl.program_id(1)
-    n, bos, L, start, c0, c1 = _block(p, cu, N, T, NB, BT, NS, VARLEN)
-    ar = tl.arange(0, BT)
-    hc = i_h * BH + tl.arange(0, BH)
-    mh = hc < H
+    p, n, bos, L, start, c0, c1, ar, hc, mh = _program(cu, N, T, H, NB, BT, BH, NS, VARLEN)
     rows = start + ar
     msk = (rows < L)[:, None] & mh[None, :]
     off = (bos * H + hc)[None, :] + rows.to(tl.int64)[:, None] * H
-    G, key, wc, x = _bwd_inputs(gm, code, off, msk, rows, L, _gT(gmT, n, H, hc, mh, HAS_GMT, BH), BT, BH, HAS_GM,
+    G, key, wc, x = _bwd_inputs(gm, code, off, msk, rows, L, _per_head(gmT, n, H, hc, mh, HAS_GMT, BH), BT, BH, HAS_GM,
                                 HAS_GMT)
     kf = tl.sum(tl.where((ar == 0)[:, None], key, 0), 0)
     po = summ + p.to(tl.int64) * H + hc
@@ -467,11 +458,7 @@ def _mlstm_gates_bwd_kernel(f, code, cu, summ, gldp, glogw, gm, gmT, di, df, dm0
     (pend = E: P of the later blocks whose first step's arg-max is the one at this block's last step, a
     contiguous run of blocks; cR = Σ D over the later blocks + E), then the sequential kernel's block; the
     sequence's first block writes dm_0 (Σ D over all its blocks)."""
-    p, i_h = tl.program_id(0), tl.program_id(1)
-    n, bos, L, start, c0, c1 = _block(p, cu, N, T, NB, BT, NS, VARLEN)
-    ar = tl.arange(0, BT)
-    hc = i_h * BH + tl.arange(0, BH)
-    mh = hc < H
+    p, n, bos, L, start, c0, c1, ar, hc, mh = _program(cu, N, T, H, NB, BT, BH, NS, VARLEN)
     po = (bos * H + hc)[None, :]
     # the arg-max at this block's last step (a padded one matches no later block: there is none)
     lrow = start + BT - 1
@@ -492,7 +479,7 @@ def _mlstm_gates_bwd_kernel(f, code, cu, summ, gldp, glogw, gm, gmT, di, df, dm0
         if HAS_M0:
             g0 += tl.sum(D, 0)  # this block's and the later ones': the whole sequence's at its first block
     pf = _base(f, n, bos, hc, sf_b, sf_t, sf_h, VARLEN)
-    gT = _gT(gmT, n, H, hc, mh, HAS_GMT, BH)
+    gT = _per_head(gmT, n, H, hc, mh, HAS_GMT, BH)
     _bwd_block(pf, sf_t, po, code, gldp, glogw, gm, di, df, H, start, L, ar, mh, gT, E, Dl + E, BT, BH, HAS_M0,
                HAS_GLDP, HAS_GLOGW, HAS_GM, HAS_GMT)
     if HAS_M0:
