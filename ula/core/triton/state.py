@@ -3,6 +3,8 @@ sequences x heads and over K and V tiles.
 
 Going forward it stores the state after each chunk; in reverse the state entering each chunk from its right
 end (these are the border states that chunk_recurrence returns and the output kernel reads back)."""
+import os
+
 import torch
 import triton
 import triton.language as tl
@@ -87,8 +89,9 @@ def _chunk_factors(it, nc, bos, eos, b_base, u_base, kc, mk, H, DB: tl.constexpr
 NW: tl.constexpr = tl.constexpr(16)
 # SPLIT with a factor per row (decay, gate; mLSTMexp): the factor on v for the state, so that kᵀ is the one left
 # operand of both matmuls. Off until timed on a GPU (a first form, k scaled for the state and kᵀ unscaled for the
-# sums, made mLSTMexp's state calls 0.62 -> 1.48 ms); benchmarks/gpu_state_calls.py --split-factors times it.
-SPLIT_WITH_FACTORS = False
+# sums, made mLSTMexp's state calls 0.62 -> 1.48 ms); benchmarks/gpu_state_calls.py --split-factors times it, and
+# ULA_SPLIT_WITH_FACTORS=1 (read at import) turns it on for whole runs (gpu_smoke.py, the families' timings).
+SPLIT_WITH_FACTORS = os.environ.get("ULA_SPLIT_WITH_FACTORS") == "1"
 
 
 @triton.jit
