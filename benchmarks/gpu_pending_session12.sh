@@ -2,7 +2,7 @@
 # Session 12's changes that wait for a GPU, measured in two device calls of ~5-7 minutes each on an H100 (ours
 # only: fla's and the peers' numbers come from earlier runs on the same inputs and shapes). From the repository
 # root, with $OUT set (the device tool's folder):
-#     bash benchmarks/gpu_pending_session12.sh 1     # correctness, state calls, gate scan, GSA variants
+#     bash benchmarks/gpu_pending_session12.sh 1     # correctness, state calls, gate scan, GSA variants, first calls
 #     bash benchmarks/gpu_pending_session12.sh 2     # GLA's precision candidates, the families with graph timing
 # Writes $OUT/pending.log (every command's output, with the device line and tree) and the JSON files of the two
 # families runs under $OUT/fam and $OUT/fam_split (the device returns at most 8 files: the GLA runs' JSON files stay
@@ -32,6 +32,8 @@ run python3 benchmarks/gpu_state_calls.py --split-factors
 run python3 benchmarks/gpu_gate_tiles.py --sequential
 # GSA's precision variants: time (eager, graph replays) and error against float64
 TMO=300 run python3 benchmarks/gpu_gsa_variants.py
+# first calls (issue 3: at most 20 s): mLSTMexp's gate scan is four kernels now, GSA's pass 2 takes float32 p
+TMO=200 run python3 benchmarks/gpu_first_call.py --ops mlstm_exp,gsa
 else
 # GLA's precision study candidates: error (fla skipped: its session-10 numbers are on the same inputs) and time
 GLA1="ULA_OWN_PRECISION=tf32 ULA_GLA_STUDY=st=FRG,sq=kv,hilo=fqkv"
