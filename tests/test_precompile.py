@@ -76,6 +76,30 @@ def test_dry_run_of_the_column_of_ones(case, monkeypatch):
     assert launched <= asked, f"launched but not asked for: {launched - asked}"
 
 
+@pytest.mark.parametrize("m0", [False, True])
+def test_dry_run_of_the_mlstm_gates(m0, monkeypatch):
+    """The same for mLSTMexp's gate-scan kernels (ula/ops/_mlstm_gate_kernels.py), with the gradients the mLSTMexp op
+    sends them (ld', logw and m)."""
+    from ula.ops import _mlstm_gate_kernels as gates
+    g = torch.Generator().manual_seed(7)
+    i, f = (torch.randn(B, T, H, generator=g).requires_grad_() for _ in range(2))
+    m0t = torch.randn(B, H, generator=g).requires_grad_() if m0 else None
+    asked, launched = set(), set()
+    monkeypatch.setattr(utils, "_warmup", lambda kernel, grid, args, w, cx: asked.add(_config(kernel, w, cx)))
+    precompile.dry(lambda: gates._dry(i, f, m0t, None, torch.float32, True))
+    real = utils._launch_fitting
+
+    def record(kernel, grid, args, w, cx):
+        launched.add(_config(kernel, w, cx))
+        return real(kernel, grid, args, w, cx)
+
+    monkeypatch.setattr(utils, "_launch_fitting", record)
+    ldp, logw, m, _ = gates.mlstm_exp_gates(i, f, m0t, out_dtype=torch.float32)
+    (ldp.sum() + logw.pow(2).sum() + m.sum()).backward()
+    assert len(launched) == 4, launched  # two summary kernels and two block kernels
+    assert launched <= asked, f"launched but not asked for: {launched - asked}"
+
+
 def test_dry_run_swallows_errors_and_leaves_launches_live(monkeypatch):
     def boom(*a, **kw):
         raise RuntimeError("inside the dry run")

@@ -522,34 +522,68 @@ def _grid(B, T, N, BT, varlen):
     return B * NB, NB
 
 
+def _forward(i, f, m0, cu, out_dtype, save):
+    """The forward kernels: (ld', logw, m, m_T, code), code the backward's per-step record (int32; m where not
+    saved)."""
+    B, T, H = i.shape
+    N = B if cu is None else cu.numel() - 1
+    dev = i.device
+    BT, BH, W, NC = _tiles(T)
+    ldp = alloc((B, T, H), dev, out_dtype)
+    logw = alloc((B, T, H), dev, out_dtype)
+    m = alloc((B, T, H), dev, torch.float64)
+    mT = alloc((N, H), dev, torch.float64)
+    # int32 through alloc's float32 (poisoned: NaN bits, a huge code, in tests)
+    code = alloc((B, T, H), dev).view(torch.int32) if save else m
+    m0_ = m if m0 is None else m0
+    cu_ = m if cu is None else cu
+    flags = dict(VARLEN=cu is not None, HAS_M0=m0 is not None, SAVE=save)
+    if PARALLEL:
+        nf, NB = _grid(B, T, N, BT, cu is not None)
+        summ = alloc((4, nf, H), dev, torch.float64)
+        launch(_mlstm_gates_fwd_sum_kernel, (nf, cdiv(H, BH)), i, f, cu_, summ, T, H, N, NB, nf * H,
+               *i.stride(), *f.stride(), BT=BT, BH=BH, NS=_seq_piece(NC), VARLEN=cu is not None, num_warps=W)
+        launch(_mlstm_gates_fwd_kernel, (nf, cdiv(H, BH)), i, f, m0_, cu_, summ, ldp, logw, m, mT, code, T, H, N,
+               NB, nf * H, *i.stride(), *f.stride(), BT=BT, BH=BH, NC=NC, NS=_seq_piece(NC), **flags,
+               num_warps=W)
+    else:
+        launch(_mlstm_gates_fwd_seq_kernel, (N, cdiv(H, BH)), i, f, m0_, cu_, ldp, logw, m, mT, code, T, H,
+               *i.stride(), *f.stride(), BT=BT, BH=BH, **flags, num_warps=W)
+    return ldp, logw, m, mT, code
+
+
+def _backward(f, code, cu, gldp, glogw, gm, gmT, m0_spec, i_dtype):
+    """The backward kernels: (di, df, dm_0 or None); m0_spec (dtype, shape) of m_0, or None."""
+    B, T, H = f.shape
+    N = B if cu is None else cu.numel() - 1
+    dev = f.device
+    BT, BH, W, NC = _tiles(T)
+    di = alloc((B, T, H), dev, i_dtype)
+    df = alloc((B, T, H), dev, f.dtype)
+    dm0 = alloc(m0_spec[1], dev, m0_spec[0]) if m0_spec is not None else None
+    gs = [g.contiguous() if g is not None else code for g in (gldp, glogw, gm, gmT)]
+    cu_ = code if cu is None else cu
+    flags = dict(VARLEN=cu is not None, HAS_GM=gm is not None, HAS_GMT=gmT is not None)
+    flags2 = dict(HAS_M0=dm0 is not None, HAS_GLDP=gldp is not None, HAS_GLOGW=glogw is not None, **flags)
+    dm0_ = di if dm0 is None else dm0
+    if PARALLEL:
+        nf, NB = _grid(B, T, N, BT, cu is not None)
+        summ = alloc((3, nf, H), dev, torch.float64)
+        launch(_mlstm_gates_bwd_sum_kernel, (nf, cdiv(H, BH)), code, cu_, gs[2], gs[3], summ, T, H, N, NB,
+               nf * H, BT=BT, BH=BH, NS=_seq_piece(NC), **flags, num_warps=W)
+        launch(_mlstm_gates_bwd_kernel, (nf, cdiv(H, BH)), f, code, cu_, summ, *gs, di, df, dm0_, T, H, N, NB,
+               nf * H, *f.stride(), BT=BT, BH=BH, NC=NC, NS=_seq_piece(NC), **flags2, num_warps=W)
+    else:
+        launch(_mlstm_gates_bwd_seq_kernel, (N, cdiv(H, BH)), f, code, cu_, *gs, di, df, dm0_, T, H,
+               *f.stride(), BT=BT, BH=BH, **flags2, num_warps=W)
+    return di, df, dm0
+
+
 class _ExpGates(torch.autograd.Function):
     @staticmethod
     def forward(ctx, i, f, m0, cu, out_dtype, grad):
-        B, T, H = i.shape
-        N = B if cu is None else cu.numel() - 1
-        dev = i.device
-        BT, BH, W, NC = _tiles(T)
         save = grad and any(ctx.needs_input_grad[:3])  # (needs_input_grad ignores torch.no_grad)
-        ldp = alloc((B, T, H), dev, out_dtype)
-        logw = alloc((B, T, H), dev, out_dtype)
-        m = alloc((B, T, H), dev, torch.float64)
-        mT = alloc((N, H), dev, torch.float64)
-        # int32 through alloc's float32 (poisoned: NaN bits, a huge code, in tests)
-        code = alloc((B, T, H), dev).view(torch.int32) if save else m
-        m0_ = m if m0 is None else m0
-        cu_ = m if cu is None else cu
-        flags = dict(VARLEN=cu is not None, HAS_M0=m0 is not None, SAVE=save)
-        if PARALLEL:
-            nf, NB = _grid(B, T, N, BT, cu is not None)
-            summ = alloc((4, nf, H), dev, torch.float64)
-            launch(_mlstm_gates_fwd_sum_kernel, (nf, cdiv(H, BH)), i, f, cu_, summ, T, H, N, NB, nf * H,
-                   *i.stride(), *f.stride(), BT=BT, BH=BH, NS=_seq_piece(NC), VARLEN=cu is not None, num_warps=W)
-            launch(_mlstm_gates_fwd_kernel, (nf, cdiv(H, BH)), i, f, m0_, cu_, summ, ldp, logw, m, mT, code, T, H, N,
-                   NB, nf * H, *i.stride(), *f.stride(), BT=BT, BH=BH, NC=NC, NS=_seq_piece(NC), **flags,
-                   num_warps=W)
-        else:
-            launch(_mlstm_gates_fwd_seq_kernel, (N, cdiv(H, BH)), i, f, m0_, cu_, ldp, logw, m, mT, code, T, H,
-                   *i.stride(), *f.stride(), BT=BT, BH=BH, **flags, num_warps=W)
+        ldp, logw, m, mT, code = _forward(i, f, m0, cu, out_dtype, save)
         if save:
             ctx.save_for_backward(f, code, cu)
             ctx.m0 = None if m0 is None else (m0.dtype, m0.shape)
@@ -560,30 +594,17 @@ class _ExpGates(torch.autograd.Function):
     @staticmethod
     def backward(ctx, gldp, glogw, gm, gmT):
         f, code, cu = ctx.saved_tensors
-        B, T, H = f.shape
-        N = B if cu is None else cu.numel() - 1
-        dev = f.device
-        BT, BH, W, NC = _tiles(T)
-        di = alloc((B, T, H), dev, ctx.i_dtype)
-        df = alloc((B, T, H), dev, f.dtype)
-        dm0 = alloc(ctx.m0[1], dev, ctx.m0[0]) if ctx.m0 is not None else None
-        gs = [g.contiguous() if g is not None else code for g in (gldp, glogw, gm, gmT)]
-        cu_ = code if cu is None else cu
-        flags = dict(VARLEN=cu is not None, HAS_GM=gm is not None, HAS_GMT=gmT is not None)
-        flags2 = dict(HAS_M0=dm0 is not None, HAS_GLDP=gldp is not None, HAS_GLOGW=glogw is not None, **flags)
-        dm0_ = di if dm0 is None else dm0
-        if PARALLEL:
-            nf, NB = _grid(B, T, N, BT, cu is not None)
-            summ = alloc((3, nf, H), dev, torch.float64)
-            launch(_mlstm_gates_bwd_sum_kernel, (nf, cdiv(H, BH)), code, cu_, gs[2], gs[3], summ, T, H, N, NB,
-                   nf * H, BT=BT, BH=BH, NS=_seq_piece(NC), **flags, num_warps=W)
-            launch(_mlstm_gates_bwd_kernel, (nf, cdiv(H, BH)), f, code, cu_, summ, *gs, di, df, dm0_, T, H, N, NB,
-                   nf * H, *f.stride(), BT=BT, BH=BH, NC=NC, NS=_seq_piece(NC), **flags2, num_warps=W)
-        else:
-            launch(_mlstm_gates_bwd_seq_kernel, (N, cdiv(H, BH)), f, code, cu_, *gs, di, df, dm0_, T, H,
-                   *f.stride(), BT=BT, BH=BH, **flags2, num_warps=W)
+        di, df, dm0 = _backward(f, code, cu, gldp, glogw, gm, gmT, ctx.m0, ctx.i_dtype)
         need = ctx.needs_input_grad
         return di if need[0] else None, df if need[1] else None, dm0 if need[2] else None, None, None, None
+
+
+def _dry(i, f, m0, cu, out_dtype, grad):
+    """Forward and (with grad) backward launches of one call, for precompile.py's dry run: the gradients the
+    mLSTMexp op sends (ld', logw, m; m_T's only with a final state, compiled by its first call if so)."""
+    ldp, logw, m, mT, code = _forward(i, f, m0, cu, out_dtype, grad)
+    if grad:
+        _backward(f, code, cu, ldp, logw, m, None, None if m0 is None else (m0.dtype, m0.shape), i.dtype)
 
 
 def mlstm_exp_gates(i, f, m0=None, cu_seqlens=None, out_dtype=torch.float64):
@@ -591,4 +612,10 @@ def mlstm_exp_gates(i, f, m0=None, cu_seqlens=None, out_dtype=torch.float64):
     rounding, the same gradients): i, f [B, T, H] (any float dtype, B == 1 with cu_seqlens [N + 1]); m0 [N, H]
     or None. Returns ld', logw [B, T, H] in out_dtype, m [B, T, H] and m_T [N, H] float64."""
     cu = None if cu_seqlens is None else cu_seqlens.to(i.device)  # the core takes cu_seqlens on any device
-    return _ExpGates.apply(i, f, None if m0 is None else m0.contiguous(), cu, out_dtype, torch.is_grad_enabled())
+    m0 = None if m0 is None else m0.contiguous()
+    if i.is_cuda:  # a new configuration's four kernels compiled in parallel before its first run
+        from ..core.triton.precompile import compile_in_parallel, grad_wanted
+        grad = grad_wanted(i, f, m0)
+        compile_in_parallel(("mlstm_gates", i, f, m0, cu, out_dtype, grad, PARALLEL), i,
+                            lambda: _dry(i, f, m0, cu, out_dtype, grad))
+    return _ExpGates.apply(i, f, m0, cu, out_dtype, torch.is_grad_enabled())
