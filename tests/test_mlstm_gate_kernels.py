@@ -269,3 +269,22 @@ def test_parallel_varlen(tiles, one_thread, monkeypatch):
     i[0, 16, :] += 80.0  # the 37-step sequence starts at 13: step 3 of it stays the max
     _check_paths(i, f, torch.randn(len(lens), 3, dtype=D) * 5, cu, seed, monkeypatch, tiles=tiles)
     _check_paths(i, f, None, cu, seed, monkeypatch, tiles=tiles)
+
+
+def test_many_sequences_take_the_sequential_kernels(one_thread, monkeypatch):
+    """Above PARALLEL_MAX_SEQ_HEADS sequences x heads the sequential kernels run (their programs are many and their
+    walks short; a parallel program would search all of cu_seqlens for its block), with the same results."""
+    from ula.ops import _mlstm_gate_kernels as kernels
+    seed = fresh_seed()
+    names = []
+    real = kernels.launch
+    monkeypatch.setattr(kernels, "launch", lambda k, *a, **kw: names.append(k.fn.__name__) or real(k, *a, **kw))
+    monkeypatch.setattr(kernels, "PARALLEL_MAX_SEQ_HEADS", 5)  # 3 sequences x 2 heads: over it
+    cu = torch.tensor([0, 5, 19, 40])
+    i, f = _gates(1, 40, 2)
+    _check(i, f, torch.randn(3, 2, dtype=D), cu, seed)
+    assert names and all(n.endswith("_seq_kernel") for n in names), names
+    names.clear()
+    monkeypatch.setattr(kernels, "PARALLEL_MAX_SEQ_HEADS", 6)  # at it: the parallel kernels
+    _check(i, f, None, cu, seed)
+    assert names and not any(n.endswith("_seq_kernel") for n in names), names

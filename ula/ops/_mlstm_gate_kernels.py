@@ -77,6 +77,13 @@ from ..core.triton.utils import INTERPRET, alloc, cdiv, launch, tuned
 # True: the parallel kernels (two launches each way, see the docstring); False: one program walks each sequence
 # (the first version, kept for benchmarks/gpu_gate_tiles.py --sequential)
 PARALLEL = True
+# ... for calls of at most this many sequences x heads: each parallel program searches cu_seqlens for its block
+# (N / 1024 passes), and many sequences x heads give the sequential walk programs enough (and short walks)
+PARALLEL_MAX_SEQ_HEADS = 1024
+
+
+def _parallel(N, H):
+    return PARALLEL and N * H <= PARALLEL_MAX_SEQ_HEADS
 
 _BIG = tl.constexpr(2147483647)  # int32 max: "no block"
 
@@ -486,7 +493,7 @@ def _mlstm_gates_bwd_kernel(f, code, cu, summ, gldp, glogw, gm, gmT, di, df, dm0
         tl.store(dm0 + n * H + hc, g0.to(dm0.dtype.element_ty), mask=mh & (p == c0) & (p < c1))
 
 
-def _tiles(T):
+def _tiles(T, parallel):
     """(BT steps, BH heads, warps, NC summaries read at a time) from tuned("mlstm_gates", ...): a 3-value setting
     keeps the default NC. Sequential (PARALLEL False): the GPU time is the number of blocks times a block's
     latency, so one head per program and long blocks (an H100 trial at B = 2, T = 65536, H = 16 favoured 1024-2048
@@ -497,7 +504,7 @@ def _tiles(T):
     step in Python), so that tests cross block borders and piece borders."""
     if INTERPRET:
         cfg = tuned("mlstm_gates", (32, 1, 4, 4))
-    elif PARALLEL:
+    elif parallel:
         BT = max(64, min(512, 1 << max(T - 1, 0).bit_length()))
         cfg = tuned("mlstm_gates", (BT, 1, 4, 128))
     else:
@@ -528,7 +535,8 @@ def _forward(i, f, m0, cu, out_dtype, save):
     B, T, H = i.shape
     N = B if cu is None else cu.numel() - 1
     dev = i.device
-    BT, BH, W, NC = _tiles(T)
+    par = _parallel(N, H)
+    BT, BH, W, NC = _tiles(T, par)
     ldp = alloc((B, T, H), dev, out_dtype)
     logw = alloc((B, T, H), dev, out_dtype)
     m = alloc((B, T, H), dev, torch.float64)
@@ -538,7 +546,7 @@ def _forward(i, f, m0, cu, out_dtype, save):
     m0_ = m if m0 is None else m0
     cu_ = m if cu is None else cu
     flags = dict(VARLEN=cu is not None, HAS_M0=m0 is not None, SAVE=save)
-    if PARALLEL:
+    if par:
         nf, NB = _grid(B, T, N, BT, cu is not None)
         summ = alloc((4, nf, H), dev, torch.float64)
         launch(_mlstm_gates_fwd_sum_kernel, (nf, cdiv(H, BH)), i, f, cu_, summ, T, H, N, NB, nf * H,
@@ -557,7 +565,8 @@ def _backward(f, code, cu, gldp, glogw, gm, gmT, m0_spec, i_dtype):
     B, T, H = f.shape
     N = B if cu is None else cu.numel() - 1
     dev = f.device
-    BT, BH, W, NC = _tiles(T)
+    par = _parallel(N, H)
+    BT, BH, W, NC = _tiles(T, par)
     di = alloc((B, T, H), dev, i_dtype)
     df = alloc((B, T, H), dev, f.dtype)
     dm0 = alloc(m0_spec[1], dev, m0_spec[0]) if m0_spec is not None else None
@@ -566,7 +575,7 @@ def _backward(f, code, cu, gldp, glogw, gm, gmT, m0_spec, i_dtype):
     flags = dict(VARLEN=cu is not None, HAS_GM=gm is not None, HAS_GMT=gmT is not None)
     flags2 = dict(HAS_M0=dm0 is not None, HAS_GLDP=gldp is not None, HAS_GLOGW=glogw is not None, **flags)
     dm0_ = di if dm0 is None else dm0
-    if PARALLEL:
+    if par:
         nf, NB = _grid(B, T, N, BT, cu is not None)
         summ = alloc((3, nf, H), dev, torch.float64)
         launch(_mlstm_gates_bwd_sum_kernel, (nf, cdiv(H, BH)), code, cu_, gs[2], gs[3], summ, T, H, N, NB,
@@ -616,6 +625,7 @@ def mlstm_exp_gates(i, f, m0=None, cu_seqlens=None, out_dtype=torch.float64):
     if i.is_cuda:  # a new configuration's four kernels compiled in parallel before its first run
         from ..core.triton.precompile import compile_in_parallel, grad_wanted
         grad = grad_wanted(i, f, m0)
-        compile_in_parallel(("mlstm_gates", i, f, m0, cu, out_dtype, grad, PARALLEL), i,
+        N = i.shape[0] if cu is None else cu.numel() - 1
+        compile_in_parallel(("mlstm_gates", i, f, m0, cu, out_dtype, grad, _parallel(N, i.shape[2])), i,
                             lambda: _dry(i, f, m0, cu, out_dtype, grad))
     return _ExpGates.apply(i, f, m0, cu, out_dtype, torch.is_grad_enabled())
