@@ -57,12 +57,13 @@ def inputs(a, B, T, H, K, V):
         q = rb(q * K ** -0.5)
         s, g = rb(torch.randn(B, T, H, a.m)), F.logsigmoid(torch.randn(B, T, H, a.m) + 4)
         return [q, k, v, s, g], ["o", "dq", "dk", "dv", "ds", "dg"]
+    const = ula.retnet_log_decay(H, "cpu")  # the GPU quality test's constant decay (families.make)
     g = {"gla": F.logsigmoid(torch.randn(B, T, H, K) + 3) / 16, "scalar": F.logsigmoid(torch.randn(B, T, H) + 3),
-         "none": None}[a.op]
+         "constant": const, "none": None}[a.op]
     if a.gpu_inputs:
         q = rb(q * K ** -0.5)
         g = {"gla": F.logsigmoid(torch.randn(B, T, H, K) + 4), "scalar": F.logsigmoid(torch.randn(B, T, H) + 4),
-             "none": None}[a.op]
+             "constant": const, "none": None}[a.op]
     return [q, k, v] + ([g] if g is not None else []), ["o", "dq", "dk", "dv"] + (["dg"] if g is not None else [])
 
 
@@ -106,7 +107,8 @@ def one(a, seed):
     def run(backend, dt):
         xs = []
         for i, t in enumerate(xs0):
-            keep32 = t.dim() == 4 and i == len(xs0) - 1 and a.op in ("gla", "gsa")  # log gates stay float32
+            # log gates and decays stay float32
+            keep32 = i == len(xs0) - 1 and ((t.dim() == 4 and a.op in ("gla", "gsa")) or a.op in ("constant", "scalar"))
             xs.append(t.to(torch.float32 if (keep32 and dt == torch.bfloat16) else dt).clone().requires_grad_())
         if a.op == "gsa" and a.split_dg:  # one leaf for each pass's gate
             xs.append(xs[-1].detach().clone().requires_grad_())
@@ -155,7 +157,7 @@ def one(a, seed):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--op", default="gla", choices=["gla", "scalar", "none", "gsa"])
+    ap.add_argument("--op", default="gla", choices=["gla", "scalar", "constant", "none", "gsa"])
     ap.add_argument("--shape", default="1,256,2,64,64")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--seeds", type=int, default=1)
