@@ -81,3 +81,38 @@ def test_run_get_takes_the_median_over_rounds():
     assert run.get("ops", "gsa", "fwdbwd_ms", round=2) == 9.0
     assert run.get("ops", "gla", "fwdbwd_ms") == 3.0 and run.get("ops", "gla", "shape") == "B2"
     assert run.get("ops", "abc", "fwdbwd_ms") is None
+
+
+BENCH = os.path.join(os.path.dirname(__file__), "..", "benchmarks")
+
+
+def test_gsa_variants_cpu_smoke_takes_each_variant():
+    """benchmarks/gpu_gsa_variants.py --cpu-smoke (the interpreter, emulated bf16 matmuls): each variant changes
+    the errors where it should (p_bf16: one more rounding; own_tf32: the own block in tf32), and the default is
+    restored after the run."""
+    env = dict(os.environ, TRITON_INTERPRET="1", ULA_EMULATE_BF16="1")
+    r = subprocess.run([sys.executable, os.path.join(BENCH, "gpu_gsa_variants.py"), "--cpu-smoke", "--q-shape",
+                        "1,40,1,16,16", "--variants", "default,p_bf16,own_tf32,default"], env=env,
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    errs = {}
+    for i, line in enumerate(r.stdout.strip().splitlines()[-4:]):
+        name, rest = line.split(" ", 1)
+        errs[(i, name)] = eval(rest)  # the script prints a dict of floats
+    default, p_bf16, own, again = errs.values()
+    assert p_bf16 != default and own != default and again == default, errs
+
+
+def test_families_graph_flag_adds_graph_checks(tmp_path):
+    """gpu_families_vs_peers.py --graph (CPU smoke: no graphs there) repeats every time ratio check on the graph
+    replays' numbers, n/a without a GPU."""
+    r = subprocess.run([sys.executable, os.path.join(BENCH, "gpu_families_vs_peers.py"), "--cpu-smoke", "--sections",
+                        "ops", "--ours", "linear,normalized", "--peers", "none", "--graph", "--out", str(tmp_path)],
+                       capture_output=True, text=True, timeout=600, env=dict(os.environ, TRITON_INTERPRET="1"))
+    assert r.returncode == 0, r.stderr[-2000:]
+    res = json.load(open(tmp_path / "gpu_families_vs_peers_cpu_smoke.json"))
+    tag = " (CUDA graph replays)"
+    graph = [c for c in res["checks"] if c["claim"].endswith(tag)]
+    eager = {c["claim"] for c in res["checks"] if not c["claim"].endswith(tag)}
+    timed = {c for c in eager if "forward" in c}  # the time ratios (not the memory ones)
+    assert {c["claim"][:-len(tag)] for c in graph} == timed and all(c["value"] is None for c in graph), graph
