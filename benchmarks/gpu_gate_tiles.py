@@ -22,22 +22,9 @@ import torch
 import triton
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from ula.bench.measure import replay_ms  # noqa: E402
 from ula.core.triton.utils import set_tuning  # noqa: E402
 from ula.ops import _mlstm_gate_kernels as gates  # noqa: E402
-
-
-def replay_ms(fn):
-    """Median ms of CUDA-graph replays of fn (warmed up on a side stream first, as capture wants)."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(side)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        fn()
-    return triton.testing.do_bench(g.replay, warmup=25, rep=200, return_mode="median")
 
 
 def rel_diff(got, ref):
@@ -78,7 +65,7 @@ def main():
         got = [x.double() for x in list(outs) + list(bwd())]
         diff = None if ref is None else rel_diff(got, ref)
         ref = ref or got
-        t_f, t_b = replay_ms(fwd), replay_ms(bwd)
+        t_f, t_b = replay_ms(fwd, rep=200), replay_ms(bwd, rep=200)
         name = ("parallel " if parallel else "sequential ") + (tiles or "default")
         print(f"{name:28s} forward {t_f:.4f} ms  backward {t_b:.4f} ms  max rel diff {diff}", flush=True)
     set_tuning("mlstm_gates", None)

@@ -23,6 +23,7 @@ import ula  # noqa: E402
 from ula.bench import families as fam  # noqa: E402
 from ula.bench.measure import graph_times, measure  # noqa: E402
 from ula.core.api import linear_attention  # noqa: E402
+from gpu_hardening import fwd_bwd, rel  # noqa: E402  (this folder: the quality test's forms)
 
 gsa_mod = importlib.import_module("ula.ops.gsa")
 _second_pass = gsa_mod._second_pass
@@ -42,22 +43,14 @@ def apply(variant):
     ula.set_precision(own_block="tf32" if "own_tf32" in parts else "default")
 
 
-def rel(x, ref):
-    x, ref = x.detach().double(), ref.detach().double()
-    return ((x - ref).norm() / ref.norm()).item() if torch.isfinite(x).all() else float("inf")
-
-
 def errors(B, T, H, K, V, dev="cuda"):
+    """bf16 error of o and every gradient against float64, as gpu_hardening.py's quality test measures it."""
     x = fam.make("gsa", B, T, H, K, V, dev, torch.bfloat16)
     torch.manual_seed(4)
     do = torch.randn(B, T, H, V, device=dev, dtype=torch.bfloat16)
-    out = {}
-    for side, dt in (("ref", torch.float64), ("got", None)):
-        xs = {n: (t.detach().to(dt) if dt else t.detach().clone()).requires_grad_() for n, t in x.items()}
-        o = fam.ours("gsa", backend="torch" if dt else ("auto" if dev == "cuda" else "triton"))(xs)
-        (o * do.to(o.dtype)).sum().backward()
-        out[side] = dict(o=o.detach(), **{"d" + n: t.grad for n, t in xs.items()})
-    return {n: round(rel(out["got"][n], r), 6) for n, r in out["ref"].items()}
+    ref = fwd_bwd(fam.ours("gsa", backend="torch"), x, do, dtype=torch.float64)
+    got = fwd_bwd(fam.ours("gsa", backend="auto" if dev == "cuda" else "triton"), x, do)
+    return {n: round(rel(got[n], r), 6) for n, r in ref.items()}
 
 
 def main():

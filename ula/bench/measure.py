@@ -42,43 +42,47 @@ def measure(fn, args):
     return t_f, t_fb, (torch.cuda.max_memory_allocated() - base) / 2**20
 
 
+def replay_ms(fn, rep=100):
+    """Median ms of CUDA-graph replays of fn(), warmed up on a side stream first (as capture wants); the graph and
+    its memory pool are released after."""
+    import triton
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        fn()
+    try:
+        return triton.testing.do_bench(g.replay, warmup=25, rep=rep, return_mode="median")
+    finally:
+        del g
+        torch.cuda.empty_cache()
+
+
 def graph_times(fn, args):
     """(fwd ms, fwd+bwd ms) as medians of CUDA-graph replays of fn(*args) and of its forward+backward: the GPU's
     time without the host's (Python, launches), which eager timing of a short op measures instead (METHOD.md: for
     many small launches, time a graph's replays). Raises what the capture raises (an op that waits for the host)."""
-    import triton
     leaves = _leaves(args)
     do = torch.randn_like(fn(*args))
 
-    def fb():
+    def fwd():
+        with torch.no_grad():
+            fn(*args)
+
+    def fb():  # gradients cleared first: captured, they land in the graph's own buffers, rewritten by every replay
+        for a in leaves:
+            a.grad = None
         fn(*args).backward(do)
 
-    side = torch.cuda.Stream()  # warm-up off the default stream, as capture wants
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(3):
-            for a in leaves:
-                a.grad = None
-            fb()
-            with torch.no_grad():
-                fn(*args)
-    torch.cuda.current_stream().wait_stream(side)
-    g_f, g_fb = torch.cuda.CUDAGraph(), torch.cuda.CUDAGraph()
-    with torch.no_grad(), torch.cuda.graph(g_f):
-        fn(*args)
-    for a in leaves:
-        a.grad = None
-    with torch.cuda.graph(g_fb):  # the gradients land in the graph's own buffers, rewritten by every replay
-        fb()
     try:
-        t_f = triton.testing.do_bench(g_f.replay, warmup=25, rep=100, return_mode="median")
-        t_fb = triton.testing.do_bench(g_fb.replay, warmup=25, rep=100, return_mode="median")
+        return replay_ms(fwd), replay_ms(fb)
     finally:
         for a in leaves:
             a.grad = None
-        del g_f, g_fb
-        torch.cuda.empty_cache()
-    return t_f, t_fb
 
 
 def measure_cpu(fn, args, reps=5):

@@ -529,14 +529,19 @@ def _grid(B, T, N, BT, varlen):
     return B * NB, NB
 
 
+def _plan(x, cu):
+    """(B, T, H, N sequences, whether the parallel kernels run, their tiles) of a call on x [B, T, H]."""
+    B, T, H = x.shape
+    N = B if cu is None else cu.numel() - 1
+    par = _parallel(N, H)
+    return B, T, H, N, par, _tiles(T, par)
+
+
 def _forward(i, f, m0, cu, out_dtype, save):
     """The forward kernels: (ld', logw, m, m_T, code), code the backward's per-step record (int32; m where not
     saved)."""
-    B, T, H = i.shape
-    N = B if cu is None else cu.numel() - 1
+    B, T, H, N, par, (BT, BH, W, NC) = _plan(i, cu)
     dev = i.device
-    par = _parallel(N, H)
-    BT, BH, W, NC = _tiles(T, par)
     ldp = alloc((B, T, H), dev, out_dtype)
     logw = alloc((B, T, H), dev, out_dtype)
     m = alloc((B, T, H), dev, torch.float64)
@@ -562,11 +567,8 @@ def _forward(i, f, m0, cu, out_dtype, save):
 
 def _backward(f, code, cu, gldp, glogw, gm, gmT, m0_spec, i_dtype):
     """The backward kernels: (di, df, dm_0 or None); m0_spec (dtype, shape) of m_0, or None."""
-    B, T, H = f.shape
-    N = B if cu is None else cu.numel() - 1
+    B, T, H, N, par, (BT, BH, W, NC) = _plan(f, cu)
     dev = f.device
-    par = _parallel(N, H)
-    BT, BH, W, NC = _tiles(T, par)
     di = alloc((B, T, H), dev, i_dtype)
     df = alloc((B, T, H), dev, f.dtype)
     dm0 = alloc(m0_spec[1], dev, m0_spec[0]) if m0_spec is not None else None
@@ -625,7 +627,6 @@ def mlstm_exp_gates(i, f, m0=None, cu_seqlens=None, out_dtype=torch.float64):
     if i.is_cuda:  # a new configuration's four kernels compiled in parallel before its first run
         from ..core.triton.precompile import compile_in_parallel, grad_wanted
         grad = grad_wanted(i, f, m0)
-        N = i.shape[0] if cu is None else cu.numel() - 1
-        compile_in_parallel(("mlstm_gates", i, f, m0, cu, out_dtype, grad, _parallel(N, i.shape[2])), i,
+        compile_in_parallel(("mlstm_gates", i, f, m0, cu, out_dtype, grad, _plan(i, cu)[4]), i,
                             lambda: _dry(i, f, m0, cu, out_dtype, grad))
     return _ExpGates.apply(i, f, m0, cu, out_dtype, torch.is_grad_enabled())

@@ -18,8 +18,8 @@ import torch
 import triton
 import triton.language as tl
 
-from .utils import (DOT_BF16, DOT_BF16_EMULATED, DOT_F16, DOT_TF32, alloc, block, cdiv, chunk_bounds, head_bases,
-                    is_tuned, launch, mm, mm_split, operand, own_dot, study, tuned, warps_for)
+from .utils import (DOT_BF16, DOT_BF16_EMULATED, DOT_F16, DOT_TF32, STUDY, alloc, block, cdiv, chunk_bounds,
+                    head_bases, is_tuned, launch, mm, mm_split, operand, own_dot, study, tuned, warps_for)
 
 # the largest span of log decays (max - min over a row block, any feature) for which the rows' own block goes
 # through one reference step (one matmul) rather than by levels: e^60 ~ 1e26 stays far from float32's and
@@ -509,17 +509,15 @@ def chunk_output(q, k, v, b, c, border, h0, scale, layout, reverse, dot, out_dty
               GATE=0 if gate is None else (2 if gate_rows else 1), HAS_DU=du_out is not None, ONES=den is not None,
               R1=r1, OWN_MAX=OWN_RANGE if dot != DOT_F16 else -1.0, SDOT=dot if state_dot is None else state_dot,
               ODOT=own_dot(dot), HILO=0)
-    # precision study switches (utils.STUDY, off by default): this call's pass from how the callers call it
-    pas = {(False, False): "f", (True, False): "q", (True, True): "k", (False, True): "v"}[(state_transposed,
-                                                                                           gate_rows)]
-    half = dot in (DOT_BF16, DOT_BF16_EMULATED)
-    if half and (study("sq", pas) or study("sqh", pas)):
-        cx["SDOT"] = DOT_TF32
-    if half and study("own", pas):
-        cx["ODOT"] = DOT_TF32
-    hilo = (1 if study("hilo", pas) else 0) | (2 if study("hiloown", pas) else 0)
-    if half and hilo:
-        cx["HILO"] = hilo
+    if STUDY and dot in (DOT_BF16, DOT_BF16_EMULATED):
+        # precision study switches (utils.STUDY, off by default): this call's pass from how the callers call it
+        pas = {(False, False): "f", (True, False): "q", (True, True): "k", (False, True): "v"}[(state_transposed,
+                                                                                               gate_rows)]
+        if study("sq", pas) or study("sqh", pas):
+            cx["SDOT"] = DOT_TF32
+        if study("own", pas):
+            cx["ODOT"] = DOT_TF32
+        cx["HILO"] = (1 if study("hilo", pas) else 0) | (2 if study("hiloown", pas) else 0)
     for own in ((1, 2) if vec else (0,)):
         # the levels' launch (the rare path) at 8 warps: at 4, 32-row blocks spill up to 1 KB per thread on sm_90
         launch(_output_kernel, grid, *args, num_warps=max(W, 8) if own == 2 and not is_tuned(name) else W, **cx,
