@@ -2,6 +2,7 @@
 (triton.testing.do_bench) and peak memory of forward+backward, for every decay kind.
 
     python3 benchmarks/gpu_core_vs_peers.py [--peers] [--rounds 3] [--shapes "2,8192,16,128,128;8,2048,16,128,128"]
+        [--graph] [--out DIR]
 
 Ours run in this process; each peer kernel runs in its own process through the peers' yardstick script
 (PEERS_SCRIPT, default ../shared/peers/bench_peers.py or .peers/bench_peers.py), with the same shapes and
@@ -20,7 +21,7 @@ import triton
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 import ula  # noqa: E402
-from ula.bench.measure import measure, ours as _ours  # noqa: E402  (shared with `ula bench`)
+from ula.bench.measure import graph_times, measure, ours as _ours  # noqa: E402  (shared with `ula bench`)
 
 OUT = os.environ.get("OUT", "/tmp")
 dev, dt = "cuda", torch.bfloat16
@@ -61,6 +62,9 @@ def main():
     ap.add_argument("--rounds", type=int, default=1,
                     help="measure ours and the peers this many times in turn, per shape; the table gives medians over "
                          "rounds and the spread (two runs on one H100 differed by up to 40%%, session 9)")
+    ap.add_argument("--graph", action="store_true",
+                    help="also time our ops as CUDA-graph replays (fwd_graph_ms, fwdbwd_graph_ms: the GPU's time alone)")
+    ap.add_argument("--out", default=OUT, help="folder of core_vs_peers.json (default $OUT)")
     a = ap.parse_args()
     meta = dict(device=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
                 ula=ula.__version__)
@@ -81,6 +85,8 @@ def main():
                         f, fb, mem = measure(fn, args)
                         rows.append(dict(kernel=name, kind=kind, shape=tag, chunk=C, fwd_ms=f, fwdbwd_ms=fb,
                                          peak_mib=mem, round=rnd))
+                        if a.graph:
+                            rows[-1]["fwd_graph_ms"], rows[-1]["fwdbwd_graph_ms"] = graph_times(fn, args)
                     except Exception as e:  # keep going: one failure must not hide the other numbers
                         rows.append(dict(kernel=name, kind=kind, shape=tag, error=repr(e)[:300], round=rnd))
                     print(json.dumps(rows[-1]), flush=True)
@@ -91,7 +97,8 @@ def main():
                     r["round"] = rnd
                     rows.append(r)
     summary = _summary(rows)
-    with open(os.path.join(OUT, "core_vs_peers.json"), "w") as fh:
+    os.makedirs(a.out, exist_ok=True)
+    with open(os.path.join(a.out, "core_vs_peers.json"), "w") as fh:
         json.dump(dict(meta=meta, command=" ".join(sys.argv), rows=rows, summary=summary), fh, indent=1)
     print(f"\n{'kernel':<34}{'shape':<26}{'fwd ms':>9}{'f+b ms':>9}{'spread':>15}{'MiB':>9}{'t ratio':>9}{'m ratio':>9}")
     for r in rows:

@@ -92,7 +92,7 @@ def timed(run, f, x):
     fn, args = fam.as_args(f, x)
     t_f, t_fb, mem = measure_on(run.device, fn, args, reps=2)
     res = dict(fwd_ms=t_f, fwdbwd_ms=t_fb, peak_mib=mem)
-    if run.args.graph and run.device == "cuda":  # after the memory figure: a graph's pool holds its own buffers
+    if run.args.graph and run.device.type == "cuda":  # after the memory figure: a graph's pool holds its own buffers
         try:
             res["fwd_graph_ms"], res["fwdbwd_graph_ms"] = graph_times(fn, args)
         except Exception as e:  # noqa: BLE001  (a peer or op that cannot be captured keeps its eager numbers)

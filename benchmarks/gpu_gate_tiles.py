@@ -7,7 +7,7 @@ the number of blocks times a block's latency), at their default tiling and at --
 
     python3 benchmarks/gpu_gate_tiles.py [--shape 2,8192,16] [--tiles 512,1,4/256,1,4/...] [--sequential]
 
-Prints one line per tiling: median ms (triton.testing.do_bench of CUDA-graph replays: a couple of kernels each,
+Prints one line per tiling: median ms (the backward's as forward+backward minus forward) (triton.testing.do_bench of CUDA-graph replays: a couple of kernels each,
 shorter than the host's time to launch them) of the forward and of the backward, and the largest difference of
 the outputs and gradients from the parallel default tiling's, relative to each tensor's largest value: rounding
 only (the sums of logσ(f) and of the gradients' carries are associated by block), so ~1e-13 or below for the
@@ -54,18 +54,21 @@ def main():
     for parallel, tiles in runs:
         gates.PARALLEL = parallel
         set_tuning("mlstm_gates", tiles)
-        outs = gates.mlstm_exp_gates(i, f, out_dtype=torch.float32)
+        with torch.no_grad():  # no autograd graph kept alive here: its nodes' stream would break the captures below
+            outs = gates.mlstm_exp_gates(i, f, out_dtype=torch.float32)
 
         def fwd():
             return gates.mlstm_exp_gates(i, f, out_dtype=torch.float32)
 
-        def bwd():
-            return torch.autograd.grad(outs[:3], (i, f), grads, retain_graph=True)
+        def fwd_bwd():  # the forward inside: autograd runs a backward on its forward's stream, which must be captured
+            o = gates.mlstm_exp_gates(i, f, out_dtype=torch.float32)
+            return torch.autograd.grad(o[:3], (i, f), grads)
 
-        got = [x.double() for x in list(outs) + list(bwd())]
+        got = [x.double() for x in list(outs) + list(fwd_bwd())]
         diff = None if ref is None else rel_diff(got, ref)
         ref = ref or got
-        t_f, t_b = replay_ms(fwd, rep=200), replay_ms(bwd, rep=200)
+        t_f = replay_ms(fwd, rep=200)
+        t_b = replay_ms(fwd_bwd, rep=200) - t_f
         name = ("parallel " if parallel else "sequential ") + (tiles or "default")
         print(f"{name:28s} forward {t_f:.4f} ms  backward {t_b:.4f} ms  max rel diff {diff}", flush=True)
     set_tuning("mlstm_gates", None)

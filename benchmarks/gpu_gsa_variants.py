@@ -4,11 +4,11 @@ and the bf16 error of o and every gradient against float64 at the quality test's
 gradient as benchmarks/gpu_hardening.py's quality test, so fla's numbers there compare: session 11, H100, o 3.19e-3,
 dq 2.89, dk 2.96, dv 2.85, ds 2.73, dg 2.97).
 
-    python3 benchmarks/gpu_gsa_variants.py [--variants default,p_bf16,own_tf32,c64p2,own_tf32+c64p2]
+    python3 benchmarks/gpu_gsa_variants.py [--variants default,fast,accurate,p_bf16,c64p2,accurate+c64p2]
 
-Variants: default (ula.gsa as it is); p_bf16 (the softmax output rounded to bf16 before pass 2, as before session
-12); own_tf32 (ula.set_precision(own_block="tf32"): the own diagonal block of decays per slot in tf32); c64p2
-(chunk 64 for pass 2 only); '+' combines them. One JSON line per variant."""
+Variants: default (ula.gsa as it is: precision own_block); fast, accurate (ula.set_precision's presets for every
+matmul, ula/core/precision.py); p_bf16 (the softmax output rounded to bf16 before pass 2, as before session 12);
+c64p2 (chunk 64 for pass 2 only); '+' combines them. One JSON line per variant."""
 import argparse
 import importlib
 import json
@@ -40,7 +40,7 @@ def _c64(p, s, v, g, h2, dtype, kw):
 def apply(variant):
     parts = set(variant.split("+"))
     gsa_mod._second_pass = _p_bf16 if "p_bf16" in parts else _c64 if "c64p2" in parts else _second_pass
-    ula.set_precision(own_block="tf32" if "own_tf32" in parts else "default")
+    ula.set_precision("fast" if "fast" in parts else "accurate" if "accurate" in parts else None)
 
 
 def errors(B, T, H, K, V, dev="cuda"):
@@ -55,7 +55,7 @@ def errors(B, T, H, K, V, dev="cuda"):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--variants", default="default,p_bf16,own_tf32,c64p2,own_tf32+c64p2")
+    ap.add_argument("--variants", default="default,fast,accurate,p_bf16,c64p2")
     ap.add_argument("--shape", default="2,8192,16,128,128")
     ap.add_argument("--q-shape", default="2,2048,16,128,128")
     ap.add_argument("--cpu-smoke", action="store_true", help="errors only, on the CPU (Triton's interpreter)")

@@ -2,11 +2,9 @@
 one by one, with and without the column of ones (mLSTMsig against mLSTMexp's configuration: scalar decay, key
 gate, B2 T8192 H16 K=V=128 bf16 by default). Which of the calls carries exp's extra time?
 
-    python3 benchmarks/gpu_state_calls.py [--shape 2,8192,16,128,128] [--chunk 128] [--split-factors]
+    python3 benchmarks/gpu_state_calls.py [--shape 2,8192,16,128,128] [--chunk 128]
 
-Prints one line per call: median ms (triton.testing.do_bench) without and with the column of ones; with
---split-factors also with the state kernel's SPLIT_WITH_FACTORS on (ula/core/triton/state.py), checked against
-the default on the same inputs (the normalizer columns' largest relative difference)."""
+Prints one line per call: median ms (triton.testing.do_bench) without and with the column of ones."""
 import argparse
 import json
 import os
@@ -20,7 +18,6 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 from ula.core.triton.chunk import make_layout  # noqa: E402
 from ula.core.triton.cumsum import chunk_cumsum  # noqa: E402
 from ula.core.triton.output import chunk_output  # noqa: E402
-import ula.core.triton.state as state_mod  # noqa: E402
 from ula.core.triton.state import chunk_states  # noqa: E402
 from ula.core.triton.utils import dot_code  # noqa: E402
 
@@ -29,7 +26,6 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--shape", default="2,8192,16,128,128")
     ap.add_argument("--chunk", type=int, default=128)
-    ap.add_argument("--split-factors", action="store_true")
     a = ap.parse_args()
     B, T, H, K, V = (int(x) for x in a.shape.split(","))
     dev, bf = "cuda", torch.bfloat16
@@ -47,9 +43,7 @@ def main():
     print(json.dumps(dict(device=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
                           shape=[B, T, H, K, V], chunk=a.chunk)))
     rows = []
-    cols = {}
-    for ones, splitf in ((False, False), (True, False)) + (((True, True),) if a.split_factors else ()):
-        state_mod.SPLIT_WITH_FACTORS = splitf
+    for ones in (False, True):
         calls = {
             "forward": lambda: chunk_states(k, v, fwd, None, None, layout, False, dot, bf, gate=u, ones=ones),
             "backward dS": lambda: chunk_states(q, do, bwd, None, None, layout, True, dot, f32, scale=0.1,
@@ -72,21 +66,15 @@ def main():
                                                   scale_intra=0.1, state_transposed=True, gate=u, gate_rows=True,
                                                   dg=(k, None, -1.0, False), du_of=k,
                                                   rank_one=(2, e, g_n, None) if ones else None)
-        if ones:  # the normalizer columns of the three state calls, to compare the two forms
-            cols[splitf] = [fw[3][0].float(), g[3][0].float(), f[3][0].float()]
         for name, fn in calls.items():
             fn()
             ms = triton.testing.do_bench(fn, warmup=25, rep=200, return_mode="median")
-            rows.append((name, (ones, splitf), ms))
-            print(f"{name:28s} ones={ones!s:5s}{' split' if splitf else ''} {ms:.4f} ms", flush=True)
-    state_mod.SPLIT_WITH_FACTORS = False
-    if True in cols:
-        diff = [((x - y).abs().max() / y.abs().max()).item() for x, y in zip(cols[True], cols[False])]
-        print("split factors: normalizer columns, largest difference / largest value:", diff)
+            rows.append((name, ones, ms))
+            print(f"{name:28s} ones={ones!s:5s} {ms:.4f} ms", flush=True)
     for part in ("state", "output"):
         sel = [r for r in rows if r[0].startswith("output") == (part == "output")]
         sums = {v: sum(r[2] for r in sel if r[1] == v) for v in dict.fromkeys(r[1] for r in sel)}
-        print(f"{part} calls, sum without / with ones{' / split' if len(sums) > 2 else ''}:",
+        print(f"{part} calls, sum without / with ones:",
               " ".join(f"{x:.4f}" for x in sums.values()))
 
 

@@ -61,7 +61,7 @@ def test_dry_run_of_the_column_of_ones(case, monkeypatch):
     q, k, v, ld, _, kg = _inputs("scalar_key_gate" if case == "scalar_key_gate" else "none", g)
     asked, launched = set(), set()
     monkeypatch.setattr(utils, "_warmup", lambda kernel, grid, args, w, cx: asked.add(_config(kernel, w, cx)))
-    precompile.dry(lambda: ones._dry_ones(q, k, v, ld, kg, None, None, K ** -0.5, None, 16, True))
+    precompile.dry(lambda: ones._dry_ones(q, k, v, ld, kg, None, None, K ** -0.5, None, 16, True, ""))
     real = utils._launch_fitting
 
     def record(kernel, grid, args, w, cx):

@@ -1,9 +1,10 @@
-"""The opt-in tf32 states path (ULA_STATE_PRECISION=tf32, ula/core/triton/utils.py state_dot): with half-precision
-inputs the state kernel's matmuls and the output kernel's q @ S take DOT_TF32 (float32 under the interpreter) and the
-border states are float32. Forward and every gradient against the float64 reference recurrence, in float32 (the
+"""The matmul precision parts (ula/core/precision.py). First wide_states (ula/core/triton/utils.py state_dot): with
+half-precision inputs the state kernel's matmuls and the output kernel's q @ S take DOT_TF32 (float32 under the
+interpreter) and the border states are float32. Forward and every gradient against the float64 reference recurrence, in float32 (the
 switch leaves it alone) and float16 (the path taken: every launch's codes are recorded), odd length, initial and
 final state, through the forward, fused_backward (left decays), fused_backward_right (a right decay alone), the
-generic backward (both decays) and the normalizer's forward (ula/core/ones.py)."""
+generic backward (both decays) and the normalizer's forward (ula/core/ones.py). Then the other parts, each op's
+default parts, and set_precision."""
 import pytest
 import torch
 import torch.nn.functional as F
@@ -20,10 +21,10 @@ TOL = {torch.float32: 1e-4, torch.float16: 1e-2}  # tests/test_triton.py's TOL32
 
 @pytest.fixture
 def tf32_states(monkeypatch):
-    """The switch on; returns the (DOT, SDOT) codes of every state / output kernel launch (SDOT None: a state
-    kernel, whose DOT is the states path's)."""
+    """wide_states for every call (set_precision's override); returns the (DOT, SDOT) codes of every state / output
+    kernel launch (SDOT None: a state kernel, whose DOT is the states path's)."""
     from ula.core import precision
-    monkeypatch.setitem(precision.TF32, "states", True)
+    monkeypatch.setattr(precision, "_OVERRIDE", [("wide_states",)])
     seen = []
 
     def spy(real, is_output):
@@ -83,11 +84,12 @@ def test_against_reference(tf32_states, case, dtype):
 
 def test_border_states_float32(tf32_states):
     """Border states asked for in bfloat16 come back float32 on the tf32 path (float16 inputs take it here)."""
+    from ula.core import precision
     from ula.core.triton import chunk_recurrence_triton
     q, k, v = (torch.randn(1, 40, 1, 16, device=DEVICE, dtype=torch.float16) for _ in range(3))
-    _, _, border = chunk_recurrence_triton(q, k, v, chunk_size=16, state_dtype=torch.bfloat16)
+    with precision.active("wide_states"):
+        _, _, border = chunk_recurrence_triton(q, k, v, chunk_size=16, state_dtype=torch.bfloat16)
     assert border.dtype == torch.float32
-    ula.set_precision(states="default")  # restored by monkeypatch
     _, _, border = chunk_recurrence_triton(q, k, v, chunk_size=16, state_dtype=torch.bfloat16)
     assert border.dtype == torch.bfloat16
 
@@ -150,12 +152,12 @@ def test_round_tf32():
 
 @pytest.mark.parametrize("reverse", [False, True], ids=["fwd", "rev"])
 def test_own_block_tf32(monkeypatch, reverse):
-    """ULA_OWN_PRECISION=tf32 (utils.own_dot): with bfloat16 operands (the interpreter's emulated ones here) the
-    rows' own block of decays per feature takes tf32 in the output kernel's single-matmul path; every other
-    matmul keeps the bfloat16 code. Against float64 within bfloat16 tolerance, forward and all gradients."""
+    """Part own_block (utils.own_dot): with bfloat16 operands (the interpreter's emulated ones here) the rows' own
+    block of decays per feature takes tf32 in the output kernel's single-matmul path; every other matmul keeps the
+    bfloat16 code. Against float64 within bfloat16 tolerance, forward and all gradients."""
     monkeypatch.setattr(utils, "EMULATE_BF16", True)
     from ula.core import precision
-    monkeypatch.setitem(precision.TF32, "own_block", True)
+    monkeypatch.setattr(precision, "_OVERRIDE", [("own_block",)])
     seen = []
     real = output.launch
 
@@ -172,34 +174,118 @@ def test_own_block_tf32(monkeypatch, reverse):
 
 
 def test_set_precision_switches_and_restores(monkeypatch):
-    """ula.set_precision: the public switch of the same flags; a bad value names the argument and the choices."""
+    """ula.set_precision: a preset, parts (list or comma-separated) or None (each op's default); returns the previous
+    choice; a bad value names the argument, the presets and the parts. The ops check their own argument early."""
     from ula.core import precision
-    monkeypatch.setattr(precision, "TF32", dict(precision.TF32))
-    before = ula.set_precision(states="tf32")
-    assert utils.state_dot(utils.DOT_BF16) == utils.DOT_TF32 and utils.state_dot(utils.DOT_F32) == utils.DOT_F32
-    assert utils.own_dot(utils.DOT_BF16) == (utils.DOT_TF32 if before["own_block"] == "tf32" else utils.DOT_BF16)
-    ula.set_precision(own_block="tf32")
-    assert utils.own_dot(utils.DOT_BF16) == utils.DOT_TF32 and utils.own_dot(utils.DOT_F16) == utils.DOT_F16
-    ula.set_precision(**before)
-    assert utils.state_dot(utils.DOT_BF16) == (utils.DOT_TF32 if before["states"] == "tf32" else utils.DOT_BF16)
-    with pytest.raises(ValueError, match="states must be one of"):
-        ula.set_precision(states="fp32")
+    monkeypatch.setattr(precision, "_OVERRIDE", [None])
+    assert precision.resolve(("own_block",)) == ("own_block",)
+    assert ula.set_precision("accurate") is None
+    assert set(precision.resolve(())) == set(precision.PARTS) - {"wide_states"}
+    before = ula.set_precision("split_keys,own_block")
+    assert precision.resolve(("states_forward",)) == ("own_block", "split_keys")
+    assert ula.set_precision(before) == ("own_block", "split_keys")
+    assert ula.set_precision(None) == tuple(sorted(precision.PRESETS["accurate"]))
+    assert precision.resolve(("states_forward",)) == ("states_forward",)
+    with pytest.raises(ValueError, match="set_precision: precision must be one of .*'accurate'.*own_block"):
+        ula.set_precision("tf32")
+    with pytest.raises(ValueError, match="set_precision: precision must be one of"):
+        ula.set_precision(["own_block", "bf16"])
+    q = torch.randn(1, 8, 1, 16)
+    g = F.logsigmoid(torch.randn(1, 8, 1, 16))
+    with pytest.raises(ValueError, match="gla: precision must be one of"):
+        ula.gla(q, q, q, g, precision="fp8")
+    with pytest.raises(ValueError, match="gsa: precision must be one of"):
+        ula.gsa(q, q, q, g, g, precision=7)
+    with pytest.raises(ValueError, match="linear_attention: precision must be one of"):
+        ula.linear_attention(q, q, q, precision="exact")
 
 
-def test_gla_precision_study_switches_lower_every_error():
-    """The precision study switches (ula/core/triton/utils.py STUDY, off by default; candidates for GLA's bf16 error
-    against fla, issue 8): the own block in tf32, the state kernels in tf32, the dK/dV passes' q @ S in tf32 and A
-    split in bf16 hi + lo lower the error of o and every gradient against float64 under emulated bf16 matmuls
-    (benchmarks/cpu_bf16_error.py --bf16), dg's by ~3x; the default run is the comparison."""
+def _record_parts(monkeypatch):
+    """The parts every core call and normalizer call runs with (precision.active's codes), in call order."""
+    from ula.core import precision
+    seen = []
+    real = precision.active
+
+    def spy(code):
+        seen.append(code)
+        return real(code)
+
+    monkeypatch.setattr(precision, "active", spy)
+    return seen
+
+
+def test_each_ops_default_parts(monkeypatch):
+    """The measured defaults (benchmarks/RESULTS.md, session 13): GLA "accurate", GSA own_block in both passes, a
+    constant decay states_forward, other core calls and the normalizer's path none; set_precision's choice
+    replaces them all, and None restores them."""
+    from ula.core import precision
+    monkeypatch.setattr(precision, "_OVERRIDE", [None])
+    seen = _record_parts(monkeypatch)
+    B, T, H, K = 1, 19, 2, 16
+    q, k, v = (torch.randn(B, T, H, K, requires_grad=True) for _ in range(3))
+    g = F.logsigmoid(torch.randn(B, T, H, K))
+    s = torch.randn(B, T, H, 16)
+    accurate = precision.encode(precision.parse("accurate"))
+
+    def calls():
+        seen.clear()
+        out = {}
+        for name, fn in (("gla", lambda: ula.gla(q, k, v, g, backend="triton")[0]),
+                         ("gsa", lambda: ula.gsa(q, k, v, s, g, backend="triton")[0]),
+                         ("retention", lambda: ula.retention(q, k, v, backend="triton")[0]),
+                         ("linear_attn", lambda: ula.linear_attn(q, k, v, backend="triton")[0]),
+                         ("mlstm_exp", lambda: ula.mlstm(q, k, v, g[..., 0], g[..., 1], backend="triton")[0])):
+            n = len(seen)
+            fn().sum().backward()
+            out[name] = set(seen[n:])
+        return out
+
+    got = calls()
+    assert got["gla"] == {accurate}, got
+    assert got["gsa"] == {"own_block"}, got
+    assert got["retention"] == {"states_forward"}, got
+    assert got["linear_attn"] == {""} and got["mlstm_exp"] == {""}, got
+    ula.set_precision("fast")
+    assert all(v == {""} for v in calls().values()), seen
+    ula.set_precision("accurate")
+    assert all(v == {accurate} for v in calls().values()), seen
+
+
+@pytest.mark.parametrize("case", ["gla", "gla-varlen", "constant", "scalar-accurate"])
+def test_parts_against_reference(monkeypatch, case):
+    """Each op's default parts and "accurate" with emulated bfloat16 matmuls (the interpreter's stand-in for the
+    GPU's; tf32 operands rounded): forward, final state and every gradient against the float64 reference within
+    bfloat16 tolerance, odd length, initial state; GLA also varlen."""
+    from ula.core import precision
+    monkeypatch.setattr(utils, "EMULATE_BF16", True)
+    monkeypatch.setattr(precision, "_OVERRIDE", [precision.parse("accurate") if "accurate" in case else None])
+    seen = _record_parts(monkeypatch)
+    seed = fresh_seed()
+    kind = {"gla": "vector", "gla-varlen": "vector", "constant": "constant", "scalar-accurate": "scalar"}[case]
+    inputs = _on(make_inputs(kind, False, 1, 67, 2, 16, 24), torch.float32)
+    kw = {}
+    if case == "gla-varlen":
+        kw["cu_seqlens"] = torch.tensor([0, 5, 38, 67])
+        q, k, v, ld, rd, h0 = inputs
+        inputs = (q, k, v, ld, rd, torch.randn(3, 2, 16, 24) * 0.3)
+    fn = _gla if case.startswith("gla") else _la
+    _check(compare_with_reference(fn, inputs, **kw), seed, torch.float16)
+    want = {"constant": "states_forward"}.get(case, precision.encode(precision.parse("accurate")))
+    assert set(seen) == {want}, seen
+
+
+def test_gla_accurate_lowers_every_error():
+    """"accurate" (GLA's default) against "fast" for GLA with emulated bf16 matmuls and bf16 storage
+    (benchmarks/cpu_bf16_error.py --bf16, the GPU test's gates): the error of o and every gradient against float64
+    drops, dg's by ~3x (on the H100: o 3.30 -> 2.43e-3, dg 3.91 -> 1.77e-3, RESULTS.md session 13)."""
     import os
     import subprocess
     import sys
     script = os.path.join(os.path.dirname(__file__), "..", "benchmarks", "cpu_bf16_error.py")
     seed = str(int.from_bytes(os.urandom(2), "little"))
     errs = []
-    for study, own in (("", "default"), ("st=FRG,sq=kv,hilo=fqkv", "tf32")):
-        env = dict(os.environ, ULA_EMULATE_BF16="1", TRITON_INTERPRET="1", ULA_GLA_STUDY=study,
-                   ULA_OWN_PRECISION=own)
+    for choice in ("fast", "accurate"):
+        env = dict(os.environ, ULA_EMULATE_BF16="1", TRITON_INTERPRET="1", ULA_PRECISION=choice)
         out = subprocess.run([sys.executable, script, "--op", "gla", "--bf16", "--gpu-inputs", "--shape",
                               "1,96,1,32,32", "--chunk", "32", "--seed", seed], env=env, capture_output=True,
                              text=True, timeout=600)

@@ -4,13 +4,15 @@ import torch.nn.functional as F
 
 from .autograd import gated_keys
 from .backends import chunk_fn, runs_triton
+from . import precision as _precision
 from .checks import check_key_gate, check_linear_attention
 from .op import run
 from .reference import reference_linear_attention
 
 
 def linear_attention(q, k, v, ld=None, rd=None, *, scale=None, initial_state=None, output_final_state=False,
-                     cu_seqlens=None, chunk_size=None, backend="auto", reverse=False, cp_group=None, key_gate=None):
+                     cu_seqlens=None, chunk_size=None, backend="auto", reverse=False, cp_group=None, key_gate=None,
+                     precision=None):
     """Decayed linear attention, the recurrence of DESIGN §1:
 
         S_t = diag(exp ld_t) S_{t-1} diag(exp rd_t) + k_t v_tᵀ,    o_t = scale · S_tᵀ q_t
@@ -26,7 +28,10 @@ def linear_attention(q, k, v, ld=None, rd=None, *, scale=None, initial_state=Non
     of T, cu_seqlens stays global; see ula/core/context_parallel.py.
     key_gate: None or a log gate [B, T, H] (float32): k_t enters as exp(key_gate_t) k_t, e.g. mLSTM's input gate
     (log σ(ĩ)). Same as passing that k, but the Triton kernels apply it as they read k (no gated copy of k, and
-    its gradient comes out of the backward's kernels); differentiable."""
+    its gradient comes out of the backward's kernels); differentiable.
+    precision: the matmul precision of the Triton kernels for half-precision inputs, "fast", "accurate" or parts
+    (ula/core/precision.py); None takes the measured default (states_forward for a constant decay, else "fast").
+    `ula.set_precision` overrides it for every call."""
     if key_gate is not None and (cp_group is not None or backend == "reference"):
         if cp_group is None:
             check_linear_attention(q, k, v, ld, rd, scale, initial_state, cu_seqlens, chunk_size, backend, key_gate)
@@ -37,7 +42,7 @@ def linear_attention(q, k, v, ld=None, rd=None, *, scale=None, initial_state=Non
         from .context_parallel import cp_linear_attention
         return cp_linear_attention(q, k, v, ld, rd, cp_group=cp_group, scale=scale, initial_state=initial_state,
                                    output_final_state=output_final_state, cu_seqlens=cu_seqlens,
-                                   chunk_size=chunk_size, backend=backend, reverse=reverse)
+                                   chunk_size=chunk_size, backend=backend, reverse=reverse, precision=precision)
     check_linear_attention(q, k, v, ld, rd, scale, initial_state, cu_seqlens, chunk_size, backend, key_gate)
     scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
     if backend == "reference":
@@ -56,7 +61,11 @@ def linear_attention(q, k, v, ld=None, rd=None, *, scale=None, initial_state=Non
         v, rd = F.pad(v, (0, pv)), None if rd is None else F.pad(rd, (0, pv))
         ld = F.pad(ld, (0, pk)) if ld is not None and ld.dim() == 4 else ld
         initial_state = None if initial_state is None else F.pad(initial_state, (0, pv, 0, pk))
-    o, S, _ = run(q, k, v, ld, rd, initial_state, cu_seqlens, scale, reverse, chunk_size, backend, key_gate)
+    prec = _precision.parse(precision, "linear_attention: precision")
+    if prec is None:  # measured: a constant decay's output error drops below fla's at +6% time (RESULTS.md, session 13)
+        prec = ("states_forward",) if ld is not None and ld.dim() == 1 else ()
+    prec = _precision.encode(_precision.resolve(prec))
+    o, S, _ = run(q, k, v, ld, rd, initial_state, cu_seqlens, scale, reverse, chunk_size, backend, key_gate, prec)
     if not output_final_state:
         S = None
     if padded:

@@ -302,7 +302,8 @@ def _plan(c, bounds, reverse):
 
 
 def cp_linear_attention(q, k, v, ld=None, rd=None, *, cp_group, scale=None, initial_state=None,
-                        output_final_state=False, cu_seqlens=None, chunk_size=None, backend="auto", reverse=False):
+                        output_final_state=False, cu_seqlens=None, chunk_size=None, backend="auto", reverse=False,
+                        precision=None):
     """`linear_attention` on this rank's contiguous slice of the sequence, the slices of `cp_group`'s ranks
     (in rank order) making up the whole. Arguments as in `linear_attention`, per slice ([B, T_r, H, ...]),
     except `cu_seqlens` (global offsets, the same on every rank) and `initial_state` (see the module
@@ -313,7 +314,7 @@ def cp_linear_attention(q, k, v, ld=None, rd=None, *, cp_group, scale=None, init
         raise TypeError(f"cp_group must be a torch.distributed ProcessGroup, got {type(cp_group).__name__}")
     R, rank = dist.get_world_size(cp_group), dist.get_rank(cp_group)
     if R == 1:
-        return linear_attention(q, k, v, ld, rd, scale=scale, initial_state=initial_state,
+        return linear_attention(q, k, v, ld, rd, precision=precision, scale=scale, initial_state=initial_state,
                                 output_final_state=output_final_state, cu_seqlens=cu_seqlens,
                                 chunk_size=chunk_size, backend=backend, reverse=reverse)
     # 0. checks, then one metadata all-gather so that a bad input anywhere raises everywhere (no hang)
@@ -345,7 +346,7 @@ def cp_linear_attention(q, k, v, ld=None, rd=None, *, cp_group, scale=None, init
             first = rank == (R - 1 if reverse else 0)
             box = _box(needs_grad and not first, rd)
             with backward_initial_state(box):
-                local_out = linear_attention(q, k, v, ld, rd, scale=scale,
+                local_out = linear_attention(q, k, v, ld, rd, precision=precision, scale=scale,
                                              initial_state=initial_state if first else None, output_final_state=True,
                                              chunk_size=chunk_size, backend=backend, reverse=reverse)
         except (TypeError, ValueError, RuntimeError) as e:
@@ -372,7 +373,7 @@ def cp_linear_attention(q, k, v, ld=None, rd=None, *, cp_group, scale=None, init
                     for (n, _, _), st in zip(pieces, me["starts"])]
             h0_loc = torch.stack(rows)
         with backward_initial_state(box):
-            local_out = linear_attention(q, k, v, ld, rd, scale=scale, initial_state=h0_loc, output_final_state=True,
+            local_out = linear_attention(q, k, v, ld, rd, precision=precision, scale=scale, initial_state=h0_loc, output_final_state=True,
                                          cu_seqlens=cu_loc, chunk_size=chunk_size, backend=backend, reverse=reverse)
     o, F_loc = local_out
     Bs = 1 if varlen else B  # batch of the state rows: one per piece with varlen, B without

@@ -13,6 +13,7 @@ as a rank-one term of their scores and an extra vector of their states. Elsewher
 linear_attention on [v, 1]."""
 import torch
 
+from . import precision
 from .api import _pad_to_16, linear_attention
 from .autograd import canonical_left
 from .backends import chunk_fn, runs_fused
@@ -53,17 +54,23 @@ def linear_attention_with_ones(q, k, v, ld=None, *, scale=None, initial_state=No
                          f"{tuple(S0.shape[:-1])}, got {None if n0 is None else tuple(n0.shape)}")
     scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
     C = int(chunk_size) if chunk_size is not None else chunk_fn(backend, q.device).pick_chunk(ld, None)
+    prec = precision.encode(precision.resolve(()))  # "fast" unless set_precision says otherwise
     if q.is_cuda:  # a new configuration's kernels compiled in parallel before its first run
         from .triton.precompile import compile_in_parallel, grad_wanted
         grad = grad_wanted(q, k, v, ld, key_gate, S0, n0)
-        compile_in_parallel(("ones", q, k, v, ld, key_gate, S0, n0, cu_seqlens, C, grad), q,
-                            lambda: _dry_ones(q, k, v, ld, key_gate, S0, n0, scale, cu_seqlens, C, grad))
-    o, den, S, n = _OnesFn.apply(q, k, v, ld, key_gate, S0, n0, scale, cu_seqlens, C)
+        compile_in_parallel(("ones", q, k, v, ld, key_gate, S0, n0, cu_seqlens, C, grad, prec), q,
+                            lambda: _dry_ones(q, k, v, ld, key_gate, S0, n0, scale, cu_seqlens, C, grad, prec))
+    o, den, S, n = _OnesFn.apply(q, k, v, ld, key_gate, S0, n0, scale, cu_seqlens, C, prec)
     return o, den, ((S, n) if output_final_state else None)
 
 
-def _ones_forward(q, k, v, ld, u, S0, n0, scale, cu_seqlens, C):
+def _ones_forward(q, k, v, ld, u, S0, n0, scale, cu_seqlens, C, prec):
     """(o, den, S, n) on the Triton kernels; q, k, v contiguous."""
+    with precision.active(prec):
+        return _ones_forward_kernels(q, k, v, ld, u, S0, n0, scale, cu_seqlens, C)
+
+
+def _ones_forward_kernels(q, k, v, ld, u, S0, n0, scale, cu_seqlens, C):
     from .triton.chunk import make_layout
     from .triton.cumsum import chunk_cumsum
     from .triton.output import chunk_output
@@ -86,27 +93,28 @@ def _ones_forward(q, k, v, ld, u, S0, n0, scale, cu_seqlens, C):
     return o, den, S, n
 
 
-def _ones_backward(q, k, v, ld, u, S0, n0, do, dden, dS, dn, scale, cu_seqlens, C, need_ld):
+def _ones_backward(q, k, v, ld, u, S0, n0, do, dden, dS, dn, scale, cu_seqlens, C, need_ld, prec):
     from .triton.backward import fused_backward
-    return fused_backward(q, k, v, ld, S0, do, dS, scale, cu_seqlens, False, C, need_ld, u, ones=(dden, n0, dn))
+    with precision.active(prec):
+        return fused_backward(q, k, v, ld, S0, do, dS, scale, cu_seqlens, False, C, need_ld, u, ones=(dden, n0, dn))
 
 
-def _dry_ones(q, k, v, ld, u, S0, n0, scale, cu_seqlens, C, grad):
+def _dry_ones(q, k, v, ld, u, S0, n0, scale, cu_seqlens, C, grad, prec):
     """Forward and (with grad) backward of one call, for precompile.py's dry run."""
     q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
-    o, den, S, n = _ones_forward(q, k, v, ld, u, S0, n0, scale, cu_seqlens, C)
+    o, den, S, n = _ones_forward(q, k, v, ld, u, S0, n0, scale, cu_seqlens, C, prec)
     if grad:
         _ones_backward(q, k, v, ld, u, S0, n0, torch.empty_like(o), torch.empty_like(den), None, None, scale,
-                       cu_seqlens, C, ld is not None and ld.requires_grad)
+                       cu_seqlens, C, ld is not None and ld.requires_grad, prec)
 
 
 class _OnesFn(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, ld, u, S0, n0, scale, cu_seqlens, C):
+    def forward(ctx, q, k, v, ld, u, S0, n0, scale, cu_seqlens, C, prec):
         q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
-        o, den, S, n = _ones_forward(q, k, v, ld, u, S0, n0, scale, cu_seqlens, C)
+        o, den, S, n = _ones_forward(q, k, v, ld, u, S0, n0, scale, cu_seqlens, C, prec)
         ctx.save_for_backward(q, k, v, ld, u, S0, n0)
-        ctx.cfg = (scale, cu_seqlens, C)
+        ctx.cfg = (scale, cu_seqlens, C, prec)
         # unused outputs' gradients arrive as None, not zero tensors (an unused final state would enter the
         # backward's state kernel as a zero dS: a fill and an extra load per step)
         ctx.set_materialize_grads(False)
@@ -115,9 +123,9 @@ class _OnesFn(torch.autograd.Function):
     @staticmethod
     def backward(ctx, do, dden, dS, dn):
         q, k, v, ld, u, S0, n0 = ctx.saved_tensors
-        scale, cu_seqlens, C = ctx.cfg
+        scale, cu_seqlens, C, prec = ctx.cfg
         do = do if do is not None else torch.zeros_like(v)
         need_ld = ld is not None and ctx.needs_input_grad[3]
         dq, dk, dv, dld, dS0, du, dn0 = _ones_backward(q, k, v, ld, u, S0, n0, do, dden, dS, dn, scale, cu_seqlens, C,
-                                                       need_ld)
-        return dq, dk, dv, dld, du, dS0, (None if dn0 is None else dn0.to(n0.dtype)), None, None, None
+                                                       need_ld, prec)
+        return dq, dk, dv, dld, du, dS0, (None if dn0 is None else dn0.to(n0.dtype)), None, None, None, None

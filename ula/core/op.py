@@ -13,6 +13,7 @@ from typing import List, Optional, Tuple
 import torch
 from torch import Tensor
 
+from . import precision
 from .autograd import backward_pass, forward_pass
 from .backends import chunk_fn, runs_triton
 
@@ -23,11 +24,12 @@ def _state_dtype(q):
     return torch.float64 if q.dtype == torch.float64 else torch.float32
 
 
-def _forward(q, k, v, ld, rd, h0, cu_seqlens, scale, reverse, chunk_size, backend, kg=None):
+def _forward(q, k, v, ld, rd, h0, cu_seqlens, scale, reverse, chunk_size, backend, kg=None, prec=""):
     """Returns (o in the dtype of v, final state float32/float64, o in the compute dtype if rd is given
-    (the right-decay gradient needs it) else an empty tensor)."""
+    (the right-decay gradient needs it) else an empty tensor). prec: the matmul precision's parts (precision.py)."""
     F = chunk_fn(backend, q.device)
-    o, S = forward_pass(F, q, k, v, ld, rd, h0, scale, cu_seqlens, reverse, chunk_size, kg)
+    with precision.active(prec):
+        o, S = forward_pass(F, q, k, v, ld, rd, h0, scale, cu_seqlens, reverse, chunk_size, kg)
     # outputs contiguous (as the fake implementation says) and not aliasing each other
     out = o.to(v.dtype).contiguous()
     o_keep = (o.clone() if out.data_ptr() == o.data_ptr() else o.contiguous()) if rd is not None else o.new_empty(_EMPTY)
@@ -35,22 +37,23 @@ def _forward(q, k, v, ld, rd, h0, cu_seqlens, scale, reverse, chunk_size, backen
 
 
 def _backward_impl(q, k, v, ld, rd, h0, o, do, dS, cu_seqlens, scale, reverse, chunk_size, backend, need_ld,
-                   need_rd, kg=None):
+                   need_rd, kg=None, prec=""):
     F = chunk_fn(backend, q.device)
-    grads = backward_pass(F, q, k, v, ld, rd, h0, o if o.numel() else None, do, dS, scale, cu_seqlens, reverse,
-                          chunk_size, need_ld, need_rd, kg)
+    with precision.active(prec):
+        grads = backward_pass(F, q, k, v, ld, rd, h0, o if o.numel() else None, do, dS, scale, cu_seqlens, reverse,
+                              chunk_size, need_ld, need_rd, kg)
     return [g.contiguous() if g is not None else q.new_empty(_EMPTY) for g in grads]
 
 
 @torch.library.custom_op("ula::linear_attention_fwd", mutates_args=())
 def linear_attention_fwd(q: Tensor, k: Tensor, v: Tensor, ld: Optional[Tensor], rd: Optional[Tensor],
                          h0: Optional[Tensor], cu_seqlens: Optional[Tensor], scale: float, reverse: bool,
-                         chunk_size: int, backend: str, kg: Optional[Tensor]) -> Tuple[Tensor, Tensor, Tensor]:
-    return _forward(q, k, v, ld, rd, h0, cu_seqlens, scale, reverse, chunk_size, backend, kg)
+                         chunk_size: int, backend: str, kg: Optional[Tensor], prec: str) -> Tuple[Tensor, Tensor, Tensor]:
+    return _forward(q, k, v, ld, rd, h0, cu_seqlens, scale, reverse, chunk_size, backend, kg, prec)
 
 
 @linear_attention_fwd.register_fake
-def _(q, k, v, ld, rd, h0, cu_seqlens, scale, reverse, chunk_size, backend, kg):
+def _(q, k, v, ld, rd, h0, cu_seqlens, scale, reverse, chunk_size, backend, kg, prec):
     B, T, H, K = q.shape
     V = v.shape[-1]
     N = B if cu_seqlens is None else cu_seqlens.shape[0] - 1
@@ -63,21 +66,21 @@ def _(q, k, v, ld, rd, h0, cu_seqlens, scale, reverse, chunk_size, backend, kg):
 def linear_attention_bwd(q: Tensor, k: Tensor, v: Tensor, ld: Optional[Tensor], rd: Optional[Tensor],
                          h0: Optional[Tensor], o: Tensor, do: Tensor, dS: Optional[Tensor],
                          cu_seqlens: Optional[Tensor], scale: float, reverse: bool, chunk_size: int, backend: str,
-                         need_ld: bool, need_rd: bool, kg: Optional[Tensor]) -> List[Tensor]:
+                         need_ld: bool, need_rd: bool, kg: Optional[Tensor], prec: str) -> List[Tensor]:
     return _backward_impl(q, k, v, ld, rd, h0, o, do, dS, cu_seqlens, scale, reverse, chunk_size, backend, need_ld,
-                          need_rd, kg)
+                          need_rd, kg, prec)
 
 
 @linear_attention_bwd.register_fake
-def _(q, k, v, ld, rd, h0, o, do, dS, cu_seqlens, scale, reverse, chunk_size, backend, need_ld, need_rd, kg):
+def _(q, k, v, ld, rd, h0, o, do, dS, cu_seqlens, scale, reverse, chunk_size, backend, need_ld, need_rd, kg, prec):
     like = lambda x, need=True: x.new_empty(x.shape) if (x is not None and need) else q.new_empty(_EMPTY)  # noqa: E731
     return [like(q), like(k), like(v), like(ld, need_ld), like(rd, need_rd), like(h0), like(kg)]
 
 
 def _setup_context(ctx, inputs, output):
-    q, k, v, ld, rd, h0, cu_seqlens, scale, reverse, chunk_size, backend, kg = inputs
+    q, k, v, ld, rd, h0, cu_seqlens, scale, reverse, chunk_size, backend, kg, prec = inputs
     ctx.save_for_backward(q, k, v, ld, rd, h0, output[2], cu_seqlens, kg)
-    ctx.cfg = (scale, reverse, chunk_size, backend)
+    ctx.cfg = (scale, reverse, chunk_size, backend, prec)
 
 
 class BackwardInitialState:
@@ -106,7 +109,7 @@ def backward_initial_state(box):
 
 def _grads(ctx, do, dS, bwd):
     q, k, v, ld, rd, h0, o, cu, kg = ctx.saved_tensors
-    scale, reverse, chunk_size, backend = ctx.cfg
+    scale, reverse, chunk_size, backend, prec = ctx.cfg
     box = getattr(ctx, "h0_box", None)
     h0_in = h0
     if box is not None and box.value is not None:
@@ -116,12 +119,12 @@ def _grads(ctx, do, dS, bwd):
     if do is None:  # only the final state was used (eager calls do not materialize zero gradients)
         do = torch.zeros_like(v)
     g = bwd(q, k, v, ld, rd, h0, o, do.contiguous(), dS, cu, scale, reverse, chunk_size, backend, need_ld, need_rd,
-            kg)
+            kg, prec)
     dld = g[3] if need_ld else None
     drd = g[4] if need_rd else None
     dh0 = g[5] if h0_in is not None else None
     dkg = g[6] if kg is not None else None
-    return g[0], g[1], g[2], dld, drd, dh0, None, None, None, None, None, dkg
+    return g[0], g[1], g[2], dld, drd, dh0, None, None, None, None, None, dkg, None
 
 
 def _backward(ctx, do, dS, _do_keep):
@@ -147,9 +150,9 @@ class _Eager(torch.autograd.Function):
         return _grads(ctx, do, dS, _backward_impl)
 
 
-def run(q, k, v, ld, rd, h0, cu_seqlens, scale, reverse, chunk_size, backend, kg=None):
+def run(q, k, v, ld, rd, h0, cu_seqlens, scale, reverse, chunk_size, backend, kg=None, prec=""):
     """(o, final state, o kept for a right decay's gradient): the custom op while compiling, else the eager
-    autograd.Function (same functions inside)."""
+    autograd.Function (same functions inside). prec: precision.encode's string of the matmul precision's parts."""
     if torch.compiler.is_compiling():
         op = linear_attention_fwd
     else:
@@ -157,16 +160,16 @@ def run(q, k, v, ld, rd, h0, cu_seqlens, scale, reverse, chunk_size, backend, kg
         if q.is_cuda and runs_triton(backend, q.device):  # a new configuration's kernels compiled in parallel
             from .triton.precompile import compile_in_parallel, grad_wanted
             grad = grad_wanted(q, k, v, ld, rd, h0, kg)
-            compile_in_parallel(("core", q, k, v, ld, rd, h0, cu_seqlens, reverse, chunk_size, kg, grad), q,
+            compile_in_parallel(("core", q, k, v, ld, rd, h0, cu_seqlens, reverse, chunk_size, kg, grad, prec), q,
                                 lambda: dry_call(q, k, v, ld, rd, h0, cu_seqlens, scale, reverse, chunk_size, backend,
-                                                 kg, grad))
-    return op(q, k, v, ld, rd, h0, cu_seqlens, scale, reverse, chunk_size, backend, kg)
+                                                 kg, grad, prec))
+    return op(q, k, v, ld, rd, h0, cu_seqlens, scale, reverse, chunk_size, backend, kg, prec)
 
 
-def dry_call(q, k, v, ld, rd, h0, cu_seqlens, scale, reverse, chunk_size, backend, kg, grad):
+def dry_call(q, k, v, ld, rd, h0, cu_seqlens, scale, reverse, chunk_size, backend, kg, grad, prec=""):
     """The eager call's forward and (with grad) backward, for precompile.py's dry run (nothing it returns is read)."""
-    out, _, o_keep = _forward(q, k, v, ld, rd, h0, cu_seqlens, scale, reverse, chunk_size, backend, kg)
+    out, _, o_keep = _forward(q, k, v, ld, rd, h0, cu_seqlens, scale, reverse, chunk_size, backend, kg, prec)
     if grad:
         _backward_impl(q, k, v, ld, rd, h0, o_keep, torch.empty_like(out), None, cu_seqlens, scale, reverse,
                        chunk_size, backend, ld is not None and ld.requires_grad, rd is not None and rd.requires_grad,
-                       kg)
+                       kg, prec)

@@ -19,6 +19,7 @@ from ..core import linear_attention
 from ..core.api import _pad_to_16
 from ..core.backends import chunk_fn, runs_fused
 from ..core.op import run
+from ..core.precision import encode, parse, resolve
 from ..core.time_scan import scan_time
 from ._checks import (check_float, check_sequence, check_state_tuple, check_step_qkv, num_sequences)
 from ._common import PackedLayout, _step, decay_dtype
@@ -68,20 +69,25 @@ def _split(state):
 
 
 def gsa(q, k, v, s=None, g=None, *, scale=None, initial_state=None, output_final_state=False, cu_seqlens=None,
-        chunk_size=None, backend="auto"):
+        chunk_size=None, backend="auto", precision=("own_block",)):
     """Gated Slot Attention (see the module docstring). q, k [B, T, H, K]; v [B, T, H, V];
     s, g [B, T, H, m]. States (K̃ᵀ [B, H, K, m], Ṽ [B, H, m, V]) float32 ([N, ...] with cu_seqlens).
+    precision: the core's matmul precision for half-precision inputs (ula/core/precision.py; `ula.set_precision`
+    overrides it). Default own_block: H100, B2 T8192 m=64, bf16 (benchmarks/RESULTS.md "GPU, session 13"): every
+    error lower than with "fast" at the same time (4.70 ms graph replays); "accurate" puts o and every gradient
+    below fla chunk_gsa's error but takes 5.06 ms, above fla's 4.83.
     Returns (o [B, T, H, V], final state tuple or None)."""
     check_sequence(q, k, v, cu_seqlens, chunk_size, backend, scale)
     _check_gsa("gsa", q, v, s, g, initial_state, num_sequences(q, cu_seqlens), "B" if cu_seqlens is None else "N",
                False)
+    parse(precision, "gsa: precision")
     s, g = _prep(q, s, g)
     h1, h2 = _split(initial_state)
     if chunk_size is None and s.shape[-1] <= 64:  # m <= 64 slots: small states, whose sequential steps dominate;
         # chunk 128 halves them (H100 B2 T8192 H16 m=64 f+b 4.90 -> 4.77 ms, tile_sweep_h100_session10_gsa_c128.json)
         chunk_size = 128
     kw = dict(output_final_state=output_final_state, cu_seqlens=cu_seqlens, chunk_size=chunk_size,
-              backend=backend)
+              backend=backend, precision=precision)
     o1, S1 = linear_attention(q, k, s, None, g, scale=scale, initial_state=h1, **kw)
     p = torch.softmax(o1.to(decay_dtype(q)), -1)
     o, S2 = _second_pass(p, s, v, g, h2, q.dtype, kw)
@@ -102,7 +108,8 @@ def _second_pass(p, s, v, g, h2, dtype, kw):
         return linear_attention(p.to(dtype), s, v, g, None, scale=1.0, initial_state=h2, **kw)
     if C is None:
         C = chunk_fn(backend, p.device).pick_chunk(g, None)
-    o, S, _ = run(p, s, v, g, None, h2, kw["cu_seqlens"], 1.0, False, C, backend)
+    prec = encode(resolve(parse(kw["precision"], "gsa: precision")))
+    o, S, _ = run(p, s, v, g, None, h2, kw["cu_seqlens"], 1.0, False, C, backend, None, prec)
     return o, (S if kw["output_final_state"] else None)
 
 

@@ -25,7 +25,8 @@ from .cumsum import chunk_cumsum
 from .decay_grad import decay_grad_from_terms
 from .output import chunk_output
 from .state import chunk_states
-from .utils import DOT_BF16, DOT_BF16_EMULATED, DOT_F32, DOT_TF32, border_dtype, dot_code, state_dot, study
+from .. import precision
+from .utils import DOT_BF16, DOT_BF16_EMULATED, DOT_F32, DOT_TF32, border_dtype, dot_code, state_dot
 
 
 def _bounds(layout, C):
@@ -57,7 +58,7 @@ def _setup(q, k, v, do, decay, h0, dS, cu_seqlens, rev, C, f32_states=False):
     fwd = chunk_cumsum(decay, layout, rev) if decay is not None else None
     bwd = chunk_cumsum(decay, layout, not rev) if decay is not None else None
     dot = dot_code(q, k, v, do)
-    sdot = state_dot(DOT_F32 if f32_states else dot)  # tf32 with ULA_STATE_PRECISION=tf32
+    sdot = state_dot(DOT_F32 if f32_states else dot)  # tf32 with precision part wide_states
     f32 = torch.float32
     # border states in bfloat16 where only matmuls read them (the callers take float32 where the decay gradient does)
     half = border_dtype(k, sdot)  # k, not q: q may be float32 beside bfloat16 k, v (GSA's second pass)
@@ -107,18 +108,17 @@ def fused_backward(q, k, v, ld, h0, do, dS, scale, cu_seqlens, rev, C, need_ld, 
             dnf = dn.to(f32).contiguous() if dn is not None else dSf.new_zeros(dSf.shape[:-1])
 
     # the state gradients (the dK and dV passes' states, one kernel): Σ qᵀ (scale dO), entering with dS
-    # precision study switches (utils.STUDY, off by default): tf32 state kernels, the dQ pass's borders in float32
+    # precision part states_backward: both state kernels' matmuls in tf32, border states still in their dtypes
     hdot = dot in (DOT_BF16, DOT_BF16_EMULATED) and not wide
-    sdot_g = DOT_TF32 if hdot and study("st", "G") else sdot
-    sdot_r = DOT_TF32 if hdot and study("st", "R") else sdot
-    f_dt = f32 if wide or (hdot and study("sq", "q")) else half
-    g = chunk_states(q, do, b_bwd, None, dSf, layout, not rev, sdot_g, f32 if need_ld else half, scale=scale,
+    sdot_t = DOT_TF32 if hdot and precision.on("states_backward") else sdot
+    f_dt = f32 if wide else half
+    g = chunk_states(q, do, b_bwd, None, dSf, layout, not rev, sdot_t, f32 if need_ld else half, scale=scale,
                      ones=on, n0=dnf, e=e)
     g_border, dh0 = g[0], g[1]
     g_n, dn0 = g[3] if on else (None, None)
     del g  # the tuple would keep g_border alive past its `del` below (one border-sized buffer at the peak)
     # the forward's states (the dQ pass's), and the decay gradient's border terms against the state gradients
-    f = chunk_states(k, v, b_fwd, None, h0f, layout, rev, sdot_r, f_dt,
+    f = chunk_states(k, v, b_fwd, None, h0f, layout, rev, sdot_t, f_dt,
                      partner=g_border if need_ld else None, gate=u, ones=on, n0=n0f,
                      partner_n=g_n if need_ld else None)
     f_border, X = f[0], f[2]

@@ -18,8 +18,9 @@ import torch
 import triton
 import triton.language as tl
 
-from .utils import (DOT_BF16, DOT_BF16_EMULATED, DOT_F16, DOT_TF32, STUDY, alloc, block, cdiv, chunk_bounds,
-                    head_bases, is_tuned, launch, mm, mm_split, operand, own_dot, study, tuned, warps_for)
+from .. import precision
+from .utils import (DOT_BF16, DOT_BF16_EMULATED, DOT_F16, DOT_TF32, alloc, block, cdiv, chunk_bounds, head_bases,
+                    is_tuned, launch, mm, mm_split, operand, own_dot, tuned, warps_for)
 
 # the largest span of log decays (max - min over a row block, any feature) for which the rows' own block goes
 # through one reference step (one matmul) rather than by levels: e^60 ~ 1e26 stays far from float32's and
@@ -91,7 +92,7 @@ def _offdiag(q_base, k_base, v_base, b_base, u_base, rows, mi, js, ce, vc, mv, K
 def _offdiag_vec(qs, k_base, v_base, b_base, c_base, u_base, rr, js, ce, vc, mv, K, V, H, DB: tl.constexpr,
                  BT: tl.constexpr, BKF: tl.constexpr, HAS_B: tl.constexpr, HAS_C: tl.constexpr, GATE: tl.constexpr,
                  DOT: tl.constexpr, OWN: tl.constexpr, rows, REVERSE: tl.constexpr, ODOT: tl.constexpr,
-                 HILO: tl.constexpr):
+                 SPLIT_KEYS: tl.constexpr):
     """Decays per feature: the key block starting at js against the rows' q already decayed to the reference
     step r (qs, all K features; r lies between every key of an off-diagonal block and every row, so one r
     serves all blocks). Returns A @ (v decayed from the keys to r); the caller applies the rows' side of c.
@@ -123,10 +124,8 @@ def _offdiag_vec(qs, k_base, v_base, b_base, c_base, u_base, rr, js, ce, vc, mv,
         cj = tl.load(c_base + rj[:, None] * V + vc[None, :], mask=mj[:, None] & mv[None, :], other=0.0)
         vt = vt * tl.exp(tl.where(mj[:, None], cr[None, :] - cj, float("-inf")))
     if OWN:
-        if (HILO & 2) != 0 and ODOT != 4:  # study switch (utils.STUDY hiloown)
-            return mm_split(A, vt, DOT)
         return mm(A, vt, ODOT)
-    if (HILO & 1) != 0:  # study switch (utils.STUDY hilo)
+    if SPLIT_KEYS:  # precision part split_keys: A kept to ~16 bits as bfloat16 hi + lo
         return mm_split(A, vt, DOT)
     return mm(A, vt, DOT)
 
@@ -264,7 +263,8 @@ def _output_kernel(q, k, v, b, c, u, border, h0, o, dg_a, dg_out, du_out, n_bord
                    HAS_H0: tl.constexpr, REVERSE: tl.constexpr, VARLEN: tl.constexpr, DOT: tl.constexpr,
                    LOG_BT: tl.constexpr, DG: tl.constexpr, DG_ACC: tl.constexpr, BKF: tl.constexpr,
                    GATE: tl.constexpr, HAS_DU: tl.constexpr, ONES: tl.constexpr, R1: tl.constexpr, OWN: tl.constexpr,
-                   OWN_MAX: tl.constexpr, SDOT: tl.constexpr, ODOT: tl.constexpr, HILO: tl.constexpr):
+                   OWN_MAX: tl.constexpr, SDOT: tl.constexpr, ODOT: tl.constexpr,
+                   SPLIT_KEYS: tl.constexpr):
     i_r, i_v, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)  # row blocks on axis 0 (up to 2^31)
     i_b, i_h = i_bh // H, i_bh % H
     i_c = i_r // NRB
@@ -388,13 +388,13 @@ def _output_kernel(q, k, v, b, c, u, border, h0, o, dg_a, dg_out, du_out, n_bord
             # cost registers and ~15% of every call, B2 T8192 H16 vector decay f+b 3.29 against 2.80 ms)
             if OWN == 1:
                 off += _offdiag_vec(qs, k_base, v_base, b_base, c_base, u_base, rr, rs, ce, vc, mv, K, V, H,
-                                    DB, BT, BKF, HAS_B, HAS_C, GATE, DOT, True, rows, REVERSE, ODOT, HILO)
+                                    DB, BT, BKF, HAS_B, HAS_C, GATE, DOT, True, rows, REVERSE, ODOT, SPLIT_KEYS)
             else:
                 acc += _diag_vec(q_base, k_base, v_base, b_base, c_base, u_base, rows, mi, ce, vc, mv, K, V, H, DB,
                                  BT, BK, BV, LOG_BT, HAS_B, HAS_C, REVERSE, GATE, DOT) * scale_intra
             for js in range(lo, hi, BT):
                 off += _offdiag_vec(qs, k_base, v_base, b_base, c_base, u_base, rr, js, ce, vc, mv, K, V, H, DB,
-                                    BT, BKF, HAS_B, HAS_C, GATE, DOT, False, rows, REVERSE, ODOT, HILO)
+                                    BT, BKF, HAS_B, HAS_C, GATE, DOT, False, rows, REVERSE, ODOT, SPLIT_KEYS)
             if HAS_C:  # ci: the rows' c, loaded for the part through the states
                 cr = tl.load(c_base + rr * V + vc, mask=mv, other=0.0)
                 off = off * tl.exp(tl.where(mi[:, None], ci - cr[None, :], float("-inf")))
@@ -508,16 +508,12 @@ def chunk_output(q, k, v, b, c, border, h0, scale, layout, reverse, dot, out_dty
               DG=dg_mode, DG_ACC=dg_acc, BKF=block(K, 256),
               GATE=0 if gate is None else (2 if gate_rows else 1), HAS_DU=du_out is not None, ONES=den is not None,
               R1=r1, OWN_MAX=OWN_RANGE if dot != DOT_F16 else -1.0, SDOT=dot if state_dot is None else state_dot,
-              ODOT=own_dot(dot), HILO=0)
-    if STUDY and dot in (DOT_BF16, DOT_BF16_EMULATED):
-        # precision study switches (utils.STUDY, off by default): this call's pass from how the callers call it
-        pas = {(False, False): "f", (True, False): "q", (True, True): "k", (False, True): "v"}[(state_transposed,
-                                                                                               gate_rows)]
-        if study("sq", pas) or study("sqh", pas):
+              ODOT=own_dot(dot), SPLIT_KEYS=False)
+    if dot in (DOT_BF16, DOT_BF16_EMULATED):  # precision parts (ula/core/precision.py) of the core call running now
+        # the dK and dV passes are the calls with gate_rows (their border states are float32 where dg needs them)
+        if gate_rows and precision.on("q_states_backward"):
             cx["SDOT"] = DOT_TF32
-        if study("own", pas):
-            cx["ODOT"] = DOT_TF32
-        cx["HILO"] = (1 if study("hilo", pas) else 0) | (2 if study("hiloown", pas) else 0)
+        cx["SPLIT_KEYS"] = vec and precision.on("split_keys")
     for own in ((1, 2) if vec else (0,)):
         # the levels' launch (the rare path) at 8 warps: at 4, 32-row blocks spill up to 1 KB per thread on sm_90
         launch(_output_kernel, grid, *args, num_warps=max(W, 8) if own == 2 and not is_tuned(name) else W, **cx,

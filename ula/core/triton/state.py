@@ -3,7 +3,6 @@ sequences x heads and over K and V tiles.
 
 Going forward it stores the state after each chunk; in reverse the state entering each chunk from its right
 end (these are the border states that chunk_recurrence returns and the output kernel reads back)."""
-import os
 
 import torch
 import triton
@@ -87,11 +86,9 @@ def _chunk_factors(it, nc, bos, eos, b_base, u_base, kc, mk, H, DB: tl.constexpr
 # attention's three state calls 0.406 -> 0.284 ms on an H100, linear attention's 0.238); the block then holds
 # partial sums in those columns (n = their sum). Otherwise it holds NW equal columns (the float32 row sum in each).
 NW: tl.constexpr = tl.constexpr(16)
-# SPLIT with a factor per row (decay, gate; mLSTMexp): the factor on v for the state, so that kᵀ is the one left
-# operand of both matmuls. Off until timed on a GPU (a first form, k scaled for the state and kᵀ unscaled for the
-# sums, made mLSTMexp's state calls 0.62 -> 1.48 ms); benchmarks/gpu_state_calls.py --split-factors times it, and
-# ULA_SPLIT_WITH_FACTORS=1 (read at import) turns it on for whole runs (gpu_smoke.py, the families' timings).
-SPLIT_WITH_FACTORS = os.environ.get("ULA_SPLIT_WITH_FACTORS") == "1"
+# Not with a factor per row (decay, gate; mLSTMexp): on an H100 both forms tried made mLSTMexp's three state calls
+# slower, 0.62 -> 1.48 ms (k scaled for the state, kᵀ unscaled for the sums) and 0.62 -> 1.30 ms (the factor on v:
+# benchmarks/results/pending12_part1_h100_session13.log).
 
 
 @triton.jit
@@ -138,18 +135,12 @@ def _rows_into_state(S, n, r0, ce, k_base, v_base, c_base, e_base, c_end, f, kc,
     kt = operand(tl.load(k_base + r64[:, None] * K + kc[None, :], mask=mr[:, None] & mk[None, :], other=0.0), DOT)
     vt = operand(tl.load(v_base + r64[:, None] * V + vc[None, :], mask=mr[:, None] & mv[None, :], other=0.0), DOT)
     if ONES and SPLIT:  # k as loaded (exact in bfloat16) against the rows' weights in three parts (or ones)
-        if HAS_E or HAS_F:
-            w = tl.full([BT], 1.0, tl.float32)
-            if HAS_E:
-                w = w * tl.load(e_base + r64, mask=mr, other=0.0).to(tl.float32)
-            if HAS_F:  # one factor per row here (ONES): on v for the state too, so kᵀ is one operand of both
-                w = w * f
-                vt = vt * f[:, None]
-            sr = _split3(w, BT)
+        if HAS_E:
+            sr = _split3(tl.load(e_base + r64, mask=mr, other=0.0).to(tl.float32), BT)
         else:
             sr = tl.where(tl.arange(0, NW)[None, :] == 0, 1.0, tl.zeros([BT, NW], dtype=tl.float32))
         n = n + mm(tl.trans(kt), sr, DOT) * scale
-    if HAS_F and not SPLIT:
+    if HAS_F:  # (SPLIT is taken only without factors)
         if DB > 1:
             kt = kt * f
         else:
@@ -200,7 +191,7 @@ def _state_kernel(k, v, b, c, u, h0, border, final, partner, X, n0, n_border, n_
                   DB: tl.constexpr, C: tl.constexpr, NB: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
                   HAS_B: tl.constexpr, HAS_C: tl.constexpr, HAS_H0: tl.constexpr, REVERSE: tl.constexpr,
                   VARLEN: tl.constexpr, DOT: tl.constexpr, HAS_X: tl.constexpr, GATE: tl.constexpr, ONES: tl.constexpr,
-                  HAS_E: tl.constexpr, XR: tl.constexpr, SPLITF: tl.constexpr):
+                  HAS_E: tl.constexpr, XR: tl.constexpr):
     i_nh, i_k, i_v = tl.program_id(0), tl.program_id(1), tl.program_id(2)  # sequences x heads on axis 0
     i_n, i_h = i_nh // H, i_nh % H
     if VARLEN:
@@ -232,7 +223,7 @@ def _state_kernel(k, v, b, c, u, h0, border, final, partner, X, n0, n_border, n_
     # bfloat16 matmuls (3: emulated) and k entering as loaded (no decay, no gate): with a factor per row the split
     # made mLSTMexp's three state calls 0.62 -> 1.48 ms on an H100
     # (benchmarks/results/state_calls_h100_session12_split.txt)
-    SPLIT: tl.constexpr = ONES and (DOT == 2 or DOT == 3) and (SPLITF or not (HAS_B or GATE))
+    SPLIT: tl.constexpr = ONES and (DOT == 2 or DOT == 3) and not (HAS_B or GATE)
     n = tl.zeros([BK, NW], dtype=tl.float32)
     n_ok = mk & (i_v == 0)
     if ONES and HAS_H0:
@@ -367,7 +358,7 @@ def chunk_states(k, v, b, c, h0, layout, reverse, dot, state_dtype=torch.float32
            (c.stride(0) if c is not None and c.shape[0] > 1 else 0), float(scale),
            DB=DB, C=layout.C, NB=layout.C // BT, BT=BT, BK=BK, BV=BV, HAS_B=b is not None, HAS_C=c is not None,
            HAS_H0=h0 is not None, REVERSE=reverse, VARLEN=layout.varlen, DOT=dot, HAS_X=X is not None,
-           GATE=gate is not None, ONES=ones, HAS_E=e is not None, XR=partner_right, SPLITF=SPLIT_WITH_FACTORS,
+           GATE=gate is not None, ONES=ones, HAS_E=e is not None, XR=partner_right,
            num_warps=W)
     if ones:
         return border, final, X, (n_border, n_final)

@@ -52,28 +52,9 @@ if INTERPRET:
 DOT_F32, DOT_F16, DOT_BF16, DOT_BF16_EMULATED, DOT_TF32 = 0, 1, 2, 3, 4
 # Precision studies on a CPU: under the interpreter every matmul operand is rounded as a GPU's bfloat16 dot would
 EMULATE_BF16 = INTERPRET and os.environ.get("ULA_EMULATE_BF16") == "1"
-# DOT_TF32's users: the opt-in precision switches of ula/core/precision.py (`ula.set_precision`)
+# DOT_TF32's users: the precision parts of ula/core/precision.py
 # how mm takes DOT_TF32: 0 a GPU's tf32 dot, 1 the interpreter's (float32), 2 operands rounded to tf32 (emulation)
 _TF32_MODE = tl.constexpr(2 if EMULATE_BF16 else 1 if INTERPRET else 0)
-
-
-# Precision study switches (benchmarks/results/bf16_error_study_gla_bf16_cpu.txt), all off by default, read at
-# import: ULA_GLA_STUDY="name=letters,..." with passes f (forward output), q, k, v (the dQ, dK, dV passes) or state
-# kernels F (forward), R (the backward's forward-direction states), G (the state gradients):
-#   st=FRG    the named state kernels' matmuls in tf32, border states kept in the caller's dtype (no extra bytes)
-#   sq=fqkv   the named passes' q @ S in tf32 (f, q: their border states stored float32, 2x those bytes; k, v read
-#             float32 border states already when the decay gradient is needed)
-#   sqh=fq    q @ S in tf32 with the border states kept bfloat16 (q e^b no longer rounded to bfloat16; no extra bytes)
-#   hilo=fqkv decays per feature: A @ v of the off-diagonal key blocks with A split into bfloat16 hi + lo (a second
-#             matmul of the same shape, no extra bytes)
-#   hiloown=fqkv  the same for the rows' own block (where it is not in tf32)
-#   own=fqkv  the rows' own block in tf32 in the named passes only (ULA_OWN_PRECISION=tf32: all of them)
-STUDY = dict(kv.split("=", 1) for kv in os.environ.get("ULA_GLA_STUDY", "").split(",") if "=" in kv)
-
-
-def study(name, which):
-    """Whether study switch `name` (STUDY) names pass or state kernel `which`."""
-    return which in STUDY.get(name, "")
 
 
 def alloc(shape, device, dtype=torch.float32):
@@ -109,9 +90,9 @@ def dot_code(*tensors):
 
 
 def state_dot(dot):
-    """The matmul code of the states path for inputs whose dot code is `dot`: DOT_TF32 where
-    ULA_STATE_PRECISION=tf32 and the inputs take half-precision operands (border states then float32), else dot."""
-    return DOT_TF32 if precision.TF32["states"] and dot in (DOT_F16, DOT_BF16, DOT_BF16_EMULATED) else dot
+    """The matmul code of the states path for inputs whose dot code is `dot`: DOT_TF32 where the core call takes
+    precision part wide_states and the inputs take half-precision operands (border states then float32), else dot."""
+    return DOT_TF32 if precision.on("wide_states") and dot in (DOT_F16, DOT_BF16, DOT_BF16_EMULATED) else dot
 
 
 def border_dtype(q, sdot):
@@ -121,9 +102,9 @@ def border_dtype(q, sdot):
 
 
 def own_dot(dot):
-    """The matmul code of the own block's single-matmul path (decays per feature): DOT_TF32 where
-    ULA_OWN_PRECISION=tf32 and the inputs take bfloat16 operands, else dot."""
-    return DOT_TF32 if precision.TF32["own_block"] and dot in (DOT_BF16, DOT_BF16_EMULATED) else dot
+    """The matmul code of the own block's single-matmul path (decays per feature): DOT_TF32 where the core call
+    takes precision part own_block and the inputs take bfloat16 operands, else dot."""
+    return DOT_TF32 if precision.on("own_block") and dot in (DOT_BF16, DOT_BF16_EMULATED) else dot
 
 
 @triton.jit
@@ -166,9 +147,8 @@ def round_bf16(x):
 # MMA unit reading float32 registers may do) instead of rounding to nearest
 _TF32_TRUNC = tl.constexpr(os.environ.get("ULA_TF32_TRUNC") == "1")
 # H100 tf32 dots of float32 tiles behave as truncation (ULA_TF32_TRUNC=1 reproduces the H100's errors of the tf32
-# switches within 2%, benchmarks/results/bf16_error_study_gla_bf16_cpu.txt); ULA_TF32_ROUND=1 (GPU, off by default,
-# not yet timed) rounds the operands to nearest tf32 before the dot: 3 integer operations per operand element
-_TF32_ROUND = tl.constexpr(os.environ.get("ULA_TF32_ROUND") == "1")
+# parts within 2%, benchmarks/results/bf16_error_study_gla_bf16_cpu.txt; rounding the operands to nearest first
+# lowered GLA's errors a further 3-11% at +6% time, session 13, and is not kept)
 
 
 @triton.jit
@@ -214,8 +194,6 @@ def mm(a, b, DOT: tl.constexpr):
             return tl.dot(round_tf32(a.to(tl.float32)), round_tf32(b.to(tl.float32)), input_precision="ieee")
         elif _TF32_MODE == 1:
             return tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
-        elif _TF32_ROUND:  # study switch: operands rounded to nearest tf32 first (the MMA truncates them)
-            return tl.dot(round_tf32(a.to(tl.float32)), round_tf32(b.to(tl.float32)), input_precision="tf32")
         else:
             return tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="tf32")
     else:
@@ -225,7 +203,7 @@ def mm(a, b, DOT: tl.constexpr):
 @triton.jit
 def mm_split(a, b, DOT: tl.constexpr):
     """a @ b for bfloat16 operands (DOT 2, or 3 emulated) with float32 a split into bfloat16 hi + lo (two matmuls,
-    a kept to ~16 bits); b as mm takes it. Other DOT: mm. (Precision study switch hilo, utils.STUDY.)"""
+    a kept to ~16 bits); b as mm takes it. Other DOT: mm. (Precision part split_keys.)"""
     if DOT == 2:
         hi = a.to(tl.bfloat16)
         lo = (a - hi.to(tl.float32)).to(tl.bfloat16)
