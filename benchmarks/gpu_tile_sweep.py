@@ -3,6 +3,10 @@ forward and forward+backward median ms per configuration, bf16, B=2 T=8192 H=16 
 
     python3 benchmarks/gpu_tile_sweep.py [vector,vector_c128,none,none_state,state_small:constant,state_small:gsa]
                                           # writes $OUT/tile_sweep.json ($OUT/tile_sweep_$TAG.json with TAG set)
+    GRAPH=1 python3 benchmarks/gpu_tile_sweep.py ones_state:mlstm_exp,ones_output:mlstm_exp,chunks:mlstm_exp
+                                          # also CUDA-graph replays (fwd_graph_ms, fwdbwd_graph_ms): the GPU's time
+                                          # where the host's launches would hide it (mLSTMexp)
+A configuration "default" is the kernel's own choice (no override).
 
 The output of each configuration is compared with the default configuration's (a broken tiling shows as
 a large difference); correctness itself is checked by benchmarks/gpu_check_triton.py and the tests."""
@@ -15,6 +19,7 @@ import torch
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 from gpu_core_vs_peers import measure, ours  # noqa: E402
 from ula.bench import families  # noqa: E402
+from ula.bench.measure import graph_times  # noqa: E402
 from ula.core.triton.utils import set_tuning  # noqa: E402
 
 SHAPE = tuple(int(x) for x in os.environ.get("SHAPE", "2,8192,16,128,128").split(","))
@@ -45,6 +50,12 @@ SWEEP = {
                                          "128,32,32,8", "128,16,32,2"], 128),
     "none_state": ("none", "STATE", ["64,64,64,4", "64,64,128,8", "64,128,64,8", "128,64,64,8", "32,64,64,4",
                                      "64,32,64,4", "64,64,32,4"], None),
+    # the column of ones with one decay value per step and a key gate (mLSTMexp): state and output kernels
+    "ones_state": (None, "STATE", ["default", "128,32,64,4", "128,64,64,8", "128,32,32,8", "128,32,32,4",
+                                   "128,32,128,8", "64,32,64,8", "128,16,64,4", "128,64,128,8"], None),
+    "ones_output": (None, "OUTPUT", ["default", "64,64,64,4", "64,32,128,4", "32,64,128,4", "64,64,128,8",
+                                     "128,64,128,8", "64,128,128,8", "128,64,64,4"], None),
+    "chunks": (None, "STATE", ["default"], (64, 128, 256)),
 }
 
 
@@ -57,27 +68,33 @@ def main():
     only = sys.argv[1].split(",") if len(sys.argv) > 1 else list(SWEEP)  # e.g. vector,vector_c128
     for item in only:  # name or name:kind (sweeps without a kind of their own, e.g. state_small:vector)
         name, _, kind_arg = item.partition(":")
-        kind, kernel, configs, C = SWEEP[name]
+        kind, kernel, configs, chunks = SWEEP[name]
         kind = kind or kind_arg
-        torch.manual_seed(0)
-        if kind in families.CORE_KINDS:
-            fn, args = ours(kind, *SHAPE, C=C)
-        else:  # an op of ula.ops (ula.bench.families), e.g. state_small:gsa
-            fn, args = families.as_args(families.ours(kind, C), families.make(kind, *SHAPE, "cuda", torch.bfloat16))
-        with torch.no_grad():
-            ref = fn(*args).float()
-        for cfg in configs:
-            set_tuning(kernel, cfg)
-            try:
+        ref = None
+        for C in chunks if isinstance(chunks, tuple) else (chunks,):
+            torch.manual_seed(0)
+            if kind in families.CORE_KINDS:
+                fn, args = ours(kind, *SHAPE, C=C)
+            else:  # an op of ula.ops (ula.bench.families), e.g. state_small:gsa
+                fn, args = families.as_args(families.ours(kind, C), families.make(kind, *SHAPE, "cuda",
+                                                                                  torch.bfloat16))
+            if ref is None:
                 with torch.no_grad():
-                    diff = ((fn(*args).float() - ref).norm() / ref.norm()).item()
-                f, fb, mem = measure(fn, args)
-                rows.append(dict(kind=kind, kernel=kernel, cfg=cfg, chunk=C, fwd_ms=f, fwdbwd_ms=fb, peak_mib=mem,
-                                 diff=diff))
-            except Exception as e:
-                rows.append(dict(kind=kind, kernel=kernel, cfg=cfg, chunk=C, error=repr(e)[:200]))
-            print(json.dumps(rows[-1]), flush=True)
-        set_tuning(kernel, None)
+                    ref = fn(*args).float()
+            for cfg in configs:
+                set_tuning(kernel, None if cfg == "default" else cfg)
+                try:
+                    with torch.no_grad():
+                        diff = ((fn(*args).float() - ref).norm() / ref.norm()).item()
+                    f, fb, mem = measure(fn, args)
+                    rows.append(dict(kind=kind, kernel=kernel, cfg=cfg, chunk=C, fwd_ms=f, fwdbwd_ms=fb,
+                                     peak_mib=mem, diff=diff))
+                    if os.environ.get("GRAPH") == "1":
+                        rows[-1]["fwd_graph_ms"], rows[-1]["fwdbwd_graph_ms"] = graph_times(fn, args)
+                except Exception as e:
+                    rows.append(dict(kind=kind, kernel=kernel, cfg=cfg, chunk=C, error=repr(e)[:200]))
+                print(json.dumps(rows[-1]), flush=True)
+            set_tuning(kernel, None)
     json.dump(dict(meta=meta, shape=SHAPE, rows=rows), open(os.path.join(out, f"tile_sweep{'_' + os.environ['TAG'] if os.environ.get('TAG') else ''}.json"), "w"), indent=1)
     print(meta)
     for r in rows:
@@ -85,7 +102,8 @@ def main():
             print(f"{r['kind']:<8}{r['kernel']:<12}{r['cfg']:<14}{str(r['chunk']):<6} ERROR {r['error'][:80]}")
         else:
             print(f"{r['kind']:<8}{r['kernel']:<12}{r['cfg']:<14}{str(r['chunk']):<6}{r['fwd_ms']:8.3f}{r['fwdbwd_ms']:9.3f}"
-                  f"{r['peak_mib']:8.0f}  diff {r['diff']:.1e}")
+                  f"{r['peak_mib']:8.0f}  diff {r['diff']:.1e}"
+                  + (f"  graph {r['fwd_graph_ms']:.3f} {r['fwdbwd_graph_ms']:.3f}" if "fwd_graph_ms" in r else ""))
 
 
 if __name__ == "__main__":

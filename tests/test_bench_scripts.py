@@ -116,3 +116,19 @@ def test_families_graph_flag_adds_graph_checks(tmp_path):
     eager = {c["claim"] for c in res["checks"] if not c["claim"].endswith(tag)}
     timed = {c for c in eager if "forward" in c}  # the time ratios (not the memory ones)
     assert {c["claim"][:-len(tag)] for c in graph} == timed and all(c["value"] is None for c in graph), graph
+
+
+def test_repeat_calls_cpu_smoke():
+    """benchmarks/gpu_repeat_calls.py --device cpu (the interpreter): each op called twice, forward and gradients,
+    bitwise the same and close to float64 (float32 inputs here); the GPU run is what finds a kernel whose compiled
+    code differs from call to call (RESULTS.md session 13: mLSTMexp's forward at 4 warps)."""
+    r = subprocess.run([sys.executable, os.path.join(BENCH, "gpu_repeat_calls.py"), "--device", "cpu", "--shape",
+                        "1,37,2,16,16", "--ops", "scalar,mlstm_exp,normalized", "--calls", "2", "--grad"],
+                       env=dict(os.environ, TRITON_INTERPRET="1"), capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    lines = [json.loads(x) for x in r.stdout.splitlines() if x.startswith('{"op"')]
+    assert [x["op"] for x in lines] == ["scalar", "mlstm_exp", "normalized"], r.stdout
+    for x in lines:
+        assert x["bitwise_same"], x
+        assert all(e < 1e-4 for call in x["errors_per_call"] for e in call), x
+    assert r.stdout.strip().endswith("all the same")
