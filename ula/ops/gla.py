@@ -4,8 +4,8 @@
 
 `g` is the log forget gate [B, T, H, K] (<= 0), e.g. logsigmoid(x W) / τ as in the GLA layer (§4.4).
 One call of the core with a vector left decay, at precision "accurate" by default: with bfloat16 inputs its output and
-every gradient are then at or below fla chunk_gla's error against float64, at 3.30 ms against "fast"'s 2.98 (H100,
-B2 T8192 H16 K=V=128; fla 3.61: benchmarks/RESULTS.md "GPU, session 13")."""
+every gradient are then at or below fla chunk_gla's error against float64, at 3.25 ms against "fast"'s 2.98 and fla's
+3.44 in the same run (H100, B2 T8192 H16 K=V=128: benchmarks/RESULTS.md "GPU, session 13")."""
 from ..core import linear_attention
 from ..core.precision import parse
 from ._checks import check_float, check_sequence, check_step_qkv, check_step_state
