@@ -8,7 +8,9 @@ dq 2.89, dk 2.96, dv 2.85, ds 2.73, dg 2.97).
 
 Variants: default (ula.gsa as it is: precision own_block); fast, accurate (ula.set_precision's presets for every
 matmul, ula/core/precision.py); p_bf16 (the softmax output rounded to bf16 before pass 2, as before session 12);
-c64p2 (chunk 64 for pass 2 only); '+' combines them. One JSON line per variant."""
+c64p2 (chunk 64 for pass 2 only); p1acc, p2acc ("accurate" for pass 1 or pass 2 only, the other at GSA's default); p2=part.part (pass 2 at those
+precision parts, ula/core/precision.py);
+'+' combines them. One JSON line per variant."""
 import argparse
 import importlib
 import json
@@ -37,9 +39,24 @@ def _c64(p, s, v, g, h2, dtype, kw):
     return _second_pass(p, s, v, g, h2, dtype, dict(kw, chunk_size=64))
 
 
+_DEFAULT_PRECISION = gsa_mod.gsa.__kwdefaults__["precision"]
+
+
+def _with_precision(prec, inner):
+    """Pass 2 (inner) at precision prec, whatever gsa's precision argument (which pass 1 takes)."""
+    return lambda p, s, v, g, h2, dtype, kw: inner(p, s, v, g, h2, dtype, dict(kw, precision=prec))
+
+
 def apply(variant):
     parts = set(variant.split("+"))
-    gsa_mod._second_pass = _p_bf16 if "p_bf16" in parts else _c64 if "c64p2" in parts else _second_pass
+    inner = _p_bf16 if "p_bf16" in parts else _c64 if "c64p2" in parts else _second_pass
+    p1 = "accurate" if "p1acc" in parts else _DEFAULT_PRECISION
+    p2 = "accurate" if "p2acc" in parts else _DEFAULT_PRECISION
+    for part in parts:  # p2=part.part...: pass 2 at those precision parts
+        if part.startswith("p2="):
+            p2 = tuple(part[3:].split("."))
+    gsa_mod.gsa.__kwdefaults__["precision"] = p1  # gsa's default, which pass 1 takes
+    gsa_mod._second_pass = _with_precision(p2, inner)
     ula.set_precision("fast" if "fast" in parts else "accurate" if "accurate" in parts else None)
 
 
