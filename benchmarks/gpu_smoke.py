@@ -2,7 +2,11 @@
 bf16 forward and gradients of backend="triton" against backend="torch" in float64 on the same inputs; the fused
 decoding step against its PyTorch form in float64.
 
-    python3 benchmarks/gpu_smoke.py [--parts core,gate,ones,families,step]"""
+    python3 benchmarks/gpu_smoke.py [--parts core,gate,ones,families,step,repeat]
+
+repeat: the families at the benchmarks' shape (B2 T8192 H16 K=V=128), each called twice: bitwise the same and
+within 2e-2 of float64 (a kernel whose compiled code differs from call to call showed only at that shape: the
+column-of-ones forward at 4 warps, benchmarks/RESULTS.md session 13)."""
 import argparse
 import sys
 import os
@@ -25,7 +29,7 @@ def run(inputs, backend, dtype, **kw):
     return [o] + [x.grad for x in xs if x is not None]
 
 
-PARTS = ("core", "gate", "ones", "families", "step")
+PARTS = ("core", "gate", "ones", "families", "step", "repeat")
 ap = argparse.ArgumentParser(description=__doc__)
 ap.add_argument("--parts", default=",".join(PARTS), help=f"which checks, from {','.join(PARTS)}")
 want = ap.parse_args().parts.split(",")
@@ -121,4 +125,12 @@ for ld_shape in (None, (3,), (2, 3), (2, 3, 64)) if "step" in want else ():
         o_ref, S_ref = _step(q.double(), k.double(), v.double(), None if ld is None else ld.double(), None,
                              S0.double(), 0.5)
     report(f"step {ld_shape}", [o, S], [o_ref, S_ref], extra_ok=S.dtype == torch.float32)
+# the families at the benchmarks' shape, called twice (benchmarks/gpu_repeat_calls.py)
+if "repeat" in want:
+    from gpu_repeat_calls import check  # noqa: E402  (this folder)
+    for op in ("mlstm_exp", "normalized", "mlstm_sig", "gla", "gsa", "linear"):
+        same, errs = check(op, (2, 8192, 16, 128, 128), calls=2, grad=True)
+        ok = same and max(max(e) for e in errs) <= 2e-2
+        bad += not ok
+        print(f"repeat {op} {'ok' if ok else 'BAD'} bitwise_same={same} " + " ".join(f"{e:.1e}" for e in errs[0]))
 print("smoke:", "all ok" if not bad else f"{bad} BAD")
