@@ -1,8 +1,9 @@
 #!/bin/bash
 # Session 13's GPU measurements (H100, ours only unless said), from the repository root with $OUT set. Parts 1 and 2
-# ran on the tree before the named precision settings (ula/core/precision.py), when the parts were study switches
-# (ULA_GLA_STUDY: st=FRG -> states_forward + states_backward, sq=kv -> q_states_backward, hilo=fqkv -> split_keys;
-# ULA_OWN_PRECISION=tf32 -> own_block); they are kept as the record of those runs and no longer run as written.
+# ran on the tree before the named precision settings (ula/core/precision.py), with study switches that map one to
+# one onto its parts (ULA_GLA_STUDY: st=F -> states_forward, st=FRG -> states_forward + states_backward, sq=kv ->
+# q_states_backward, hilo=fqkv -> split_keys; ULA_OWN_PRECISION=tf32 -> own_block); they are written here with the
+# parts (ULA_PRECISION), which the final tree's runs showed give the same numbers bitwise.
 #     bash benchmarks/gpu_pending_session13.sh 1   # gate-scan tiles, constant decay's forward state kernel in tf32
 #                                                  # (graph-replay time), GSA under GLA's precision study set, GLA's
 #                                                  # study set's bf16 error beside fla's in one run
@@ -30,25 +31,25 @@ md5sum ula/core/triton/*.py ula/ops/*.py ula/core/precision.py >> "$LOG"
 echo "### part $PART" >> "$LOG"
 if [ "$PART" = 1 ]; then
 run python3 benchmarks/gpu_gate_tiles.py --sequential
-for E in "ULA_PRECOMPILE=1" "ULA_GLA_STUDY=st=F"; do
+for E in "ULA_PRECISION=fast" "ULA_PRECISION=states_forward"; do
     run $E python3 benchmarks/gpu_core_vs_peers.py --shapes 2,8192,16,128,128 --kinds constant,none,scalar --rounds 3 \
         --graph --out /tmp/core
 done
-STUDY="ULA_GLA_STUDY=st=FRG,sq=kv,hilo=fqkv"
-run $STUDY python3 benchmarks/gpu_gsa_variants.py --variants own_tf32
-TMO=400 run ULA_OWN_PRECISION=tf32 $STUDY python3 benchmarks/gpu_hardening.py --sections quality --q-ops gla \
-    --budget-s 380 --out "$OUT"
+run ULA_PRECISION=accurate python3 benchmarks/gpu_gsa_variants.py --variants default
+TMO=400 run ULA_PRECISION=accurate python3 benchmarks/gpu_hardening.py --sections quality --q-ops gla --budget-s 380 \
+    --out "$OUT"
 fi
 if [ "$PART" = 2 ]; then
 run python3 benchmarks/gpu_gate_tiles.py --sequential
-# GLA's precision study switches one subset at a time (with the own block in tf32): error (ours only: fla's are in
-# part 1's quality run, same inputs) and time, and GSA's (which takes the same per-feature kernels)
-for S in st=FRG sq=kv hilo=fqkv st=FRG,sq=kv st=FRG,hilo=fqkv sq=kv,hilo=fqkv st=F,sq=kv,hilo=fqkv; do
-    E="ULA_OWN_PRECISION=tf32 ULA_GLA_STUDY=$S"
+# GLA's precision parts one subset at a time (with own_block): error (ours only: fla's are in part 1's quality run,
+# same inputs) and time, and GSA's (which takes the same per-feature kernels)
+for S in states_forward,states_backward q_states_backward split_keys states_forward,states_backward,q_states_backward \
+         states_forward,states_backward,split_keys q_states_backward,split_keys states_forward,q_states_backward,split_keys; do
+    E="ULA_PRECISION=own_block,$S"
     run $E python3 benchmarks/gpu_hardening.py --sections quality --q-ops gla --budget-s 30 --out /tmp/gla
     run $E python3 benchmarks/gpu_families_vs_peers.py --sections ops --ours gla --peers none --rounds 3 --graph \
         --budget-s 60 --out /tmp/gla
-    run "ULA_GLA_STUDY=$S" python3 benchmarks/gpu_gsa_variants.py --variants own_tf32
+    run $E python3 benchmarks/gpu_gsa_variants.py --variants default
 done
 fi
 if [ "$PART" = 3 ]; then
