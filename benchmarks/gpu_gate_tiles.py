@@ -7,12 +7,13 @@ the number of blocks times a block's latency), at their default tiling and at --
 
     python3 benchmarks/gpu_gate_tiles.py [--shape 2,8192,16] [--tiles 512,1,4/256,1,4/...] [--sequential]
 
-Prints one line per tiling: median ms (the backward's as forward+backward minus forward) (triton.testing.do_bench of CUDA-graph replays: a couple of kernels each,
-shorter than the host's time to launch them) of the forward and of the backward, and the largest difference of
-the outputs and gradients from the parallel default tiling's, relative to each tensor's largest value: rounding
-only (the sums of logσ(f) and of the gradients' carries are associated by block), so ~1e-13 or below for the
-float64 m and m_T; the float32 ld', logw and the bfloat16 gradients may differ by one rounding step of their dtype
-where the float64 value lies on a boundary (up to ~4e-3 relative to an element, less to the tensor's max)."""
+Prints one line per tiling: median ms (the backward's as forward+backward minus forward) (triton.testing.do_bench of
+CUDA-graph replays: a couple of kernels each, shorter than the host's time to launch them) of the forward and of the
+backward, and the largest difference of the outputs and gradients from the parallel default tiling's, relative to
+each tensor's largest value: rounding only (the sums of logσ(f) and of the gradients' carries are associated by
+block), so ~1e-13 or below for the float64 m and m_T; the float32 ld', logw and the bfloat16 gradients may differ by
+one rounding step of their dtype where the float64 value lies on a boundary (up to ~4e-3 relative to an element,
+less to the tensor's max)."""
 import argparse
 import json
 import os

@@ -8,9 +8,8 @@ dq 2.89, dk 2.96, dv 2.85, ds 2.73, dg 2.97).
 
 Variants: default (ula.gsa as it is: precision own_block); fast, accurate (ula.set_precision's presets for every
 matmul, ula/core/precision.py); p_bf16 (the softmax output rounded to bf16 before pass 2, as before session 12);
-c64p2 (chunk 64 for pass 2 only); p1acc, p2acc ("accurate" for pass 1 or pass 2 only, the other at GSA's default); p2=part.part (pass 2 at those
-precision parts, ula/core/precision.py);
-'+' combines them. One JSON line per variant."""
+c64p2 (chunk 64 for pass 2 only); p1acc, p2acc ("accurate" for pass 1 or pass 2 only, the other at GSA's default);
+p2=part.part (pass 2 at those precision parts, ula/core/precision.py); '+' combines them. One JSON line per variant."""
 import argparse
 import importlib
 import json

@@ -1,10 +1,10 @@
 """The matmul precision parts (ula/core/precision.py). First wide_states (ula/core/triton/utils.py state_dot): with
 half-precision inputs the state kernel's matmuls and the output kernel's q @ S take DOT_TF32 (float32 under the
-interpreter) and the border states are float32. Forward and every gradient against the float64 reference recurrence, in float32 (the
-switch leaves it alone) and float16 (the path taken: every launch's codes are recorded), odd length, initial and
-final state, through the forward, fused_backward (left decays), fused_backward_right (a right decay alone), the
-generic backward (both decays) and the normalizer's forward (ula/core/ones.py). Then the other parts, each op's
-default parts, and set_precision."""
+interpreter) and the border states are float32. Forward and every gradient against the float64 reference recurrence,
+in float32 (the switch leaves it alone) and float16 (the path taken: every launch's codes are recorded), odd length,
+initial and final state, through the forward, fused_backward (left decays), fused_backward_right (a right decay
+alone), the generic backward (both decays) and the normalizer's forward (ula/core/ones.py). Then the other parts,
+each op's default parts, and set_precision."""
 import pytest
 import torch
 import torch.nn.functional as F
@@ -294,3 +294,27 @@ def test_gla_accurate_lowers_every_error():
     (o0, *g0), (o1, *g1) = errs
     assert all(b < 0.85 * a for a, b in zip([o0] + g0, [o1] + g1)), (errs, seed)
     assert g1[-1] < 0.5 * g0[-1], (errs, seed)
+
+
+def test_active_parts_are_per_thread():
+    """The parts a core call runs with are set per thread (a backward runs on autograd's thread, another forward
+    may run on another): a thread inside `active` does not change what another thread sees."""
+    import threading
+    from ula.core import precision
+    seen = {}
+    inside, leave = threading.Event(), threading.Event()
+
+    def worker():
+        with precision.active("own_block,split_keys"):
+            seen["worker"] = precision.on("split_keys")
+            inside.set()
+            leave.wait(10)
+
+    t = threading.Thread(target=worker)
+    t.start()
+    inside.wait(10)
+    seen["main"] = precision.on("split_keys")
+    leave.set()
+    t.join()
+    assert seen == {"worker": True, "main": False}
+    assert not precision.on("own_block")

@@ -373,7 +373,8 @@ def cp_linear_attention(q, k, v, ld=None, rd=None, *, cp_group, scale=None, init
                     for (n, _, _), st in zip(pieces, me["starts"])]
             h0_loc = torch.stack(rows)
         with backward_initial_state(box):
-            local_out = linear_attention(q, k, v, ld, rd, precision=precision, scale=scale, initial_state=h0_loc, output_final_state=True,
+            local_out = linear_attention(q, k, v, ld, rd, precision=precision, scale=scale, initial_state=h0_loc,
+                                         output_final_state=True,
                                          cu_seqlens=cu_loc, chunk_size=chunk_size, backend=backend, reverse=reverse)
     o, F_loc = local_out
     Bs = 1 if varlen else B  # batch of the state rows: one per piece with varlen, B without

@@ -16,6 +16,7 @@ states_forward for a constant decay, nothing otherwise; GLA "accurate"; GSA own_
 goes back to each op's default."""
 import contextlib
 import os
+import threading
 
 PARTS = ("own_block", "states_forward", "states_backward", "q_states_backward", "split_keys", "wide_states")
 PRESETS = {"fast": (), "accurate": PARTS[:-1]}
@@ -40,7 +41,9 @@ def parse(value, what="precision"):
 
 
 _OVERRIDE = [parse(os.environ.get("ULA_PRECISION") or None, "ULA_PRECISION")]
-_ACTIVE = [()]  # the parts of the core call running now (op.py sets them around its forward and backward)
+# the parts of the core call running now, per thread (op.py sets them around its forward and backward; a backward
+# runs on autograd's own thread)
+_ACTIVE = threading.local()
 
 
 def set_precision(precision):
@@ -65,14 +68,14 @@ def encode(parts):
 @contextlib.contextmanager
 def active(code):
     """The kernels launched inside take the parts in `code` (encode's string)."""
-    before = _ACTIVE[0]
-    _ACTIVE[0] = tuple(p for p in code.split(",") if p)
+    before = getattr(_ACTIVE, "parts", ())
+    _ACTIVE.parts = tuple(p for p in code.split(",") if p)
     try:
         yield
     finally:
-        _ACTIVE[0] = before
+        _ACTIVE.parts = before
 
 
 def on(part):
     """Whether the core call running now takes `part`."""
-    return part in _ACTIVE[0]
+    return part in getattr(_ACTIVE, "parts", ())
