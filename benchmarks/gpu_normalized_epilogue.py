@@ -126,8 +126,8 @@ def sweep(B, T, H, V):
     real = tu._launch_fitting
     seen = {}
 
-    def spy(kernel, grid, args, num_warps, constexprs):
-        c = real(kernel, grid, args, num_warps, constexprs)
+    def spy(kernel, grid, args, num_warps, constexprs, num_stages=None):
+        c = real(kernel, grid, args, num_warps, constexprs, num_stages)
         c = c.result() if hasattr(c, "result") else c
         seen[(kernel.fn.__name__, constexprs.get("BR"), num_warps)] = (c.n_regs, c.n_spills)
         return c

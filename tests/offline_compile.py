@@ -34,7 +34,7 @@ def record(run):
                                                    "_l2norm")]  # the families' own
     seen = {}
 
-    def fake_launch(kernel, grid, *args, num_warps=4, **constexprs):
+    def fake_launch(kernel, grid, *args, num_warps=4, num_stages=None, **constexprs):  # stages: Triton's default
         names = kernel.arg_names
         sig, attrs = {}, {}
         for i, (n, a) in enumerate(zip(names, args)):

@@ -35,14 +35,14 @@ def test_dry_run_asks_for_every_launch_of_the_real_call(case, monkeypatch):
     g = torch.Generator().manual_seed(3)
     q, k, v, ld, rd, kg = _inputs(case, g)
     asked, launched = set(), set()
-    monkeypatch.setattr(utils, "_warmup", lambda kernel, grid, args, w, cx: asked.add(_config(kernel, w, cx)))
+    monkeypatch.setattr(utils, "_warmup", lambda kernel, grid, args, w, cx, s=None: asked.add(_config(kernel, w, cx)))
     precompile.dry(lambda: dry_call(q, k, v, ld, rd, None, None, K ** -0.5, False, 16, "triton", kg, True))
     assert asked, "the dry run asked for no compile"
     real = utils._launch_fitting
 
-    def record(kernel, grid, args, w, cx):
+    def record(kernel, grid, args, w, cx, s=None):
         launched.add(_config(kernel, w, cx))
-        return real(kernel, grid, args, w, cx)
+        return real(kernel, grid, args, w, cx, s)
 
     monkeypatch.setattr(utils, "_launch_fitting", record)
     from ula.core.op import run
@@ -60,13 +60,13 @@ def test_dry_run_of_the_column_of_ones(case, monkeypatch):
     g = torch.Generator().manual_seed(5)
     q, k, v, ld, _, kg = _inputs("scalar_key_gate" if case == "scalar_key_gate" else "none", g)
     asked, launched = set(), set()
-    monkeypatch.setattr(utils, "_warmup", lambda kernel, grid, args, w, cx: asked.add(_config(kernel, w, cx)))
+    monkeypatch.setattr(utils, "_warmup", lambda kernel, grid, args, w, cx, s=None: asked.add(_config(kernel, w, cx)))
     precompile.dry(lambda: ones._dry_ones(q, k, v, ld, kg, None, None, K ** -0.5, None, 16, True, ""))
     real = utils._launch_fitting
 
-    def record(kernel, grid, args, w, cx):
+    def record(kernel, grid, args, w, cx, s=None):
         launched.add(_config(kernel, w, cx))
-        return real(kernel, grid, args, w, cx)
+        return real(kernel, grid, args, w, cx, s)
 
     monkeypatch.setattr(utils, "_launch_fitting", record)
     o, den, _ = ones.linear_attention_with_ones(q, k, v, ld, scale=K ** -0.5, chunk_size=16, backend="triton",
@@ -85,13 +85,13 @@ def test_dry_run_of_the_mlstm_gates(m0, monkeypatch):
     i, f = (torch.randn(B, T, H, generator=g).requires_grad_() for _ in range(2))
     m0t = torch.randn(B, H, generator=g).requires_grad_() if m0 else None
     asked, launched = set(), set()
-    monkeypatch.setattr(utils, "_warmup", lambda kernel, grid, args, w, cx: asked.add(_config(kernel, w, cx)))
+    monkeypatch.setattr(utils, "_warmup", lambda kernel, grid, args, w, cx, s=None: asked.add(_config(kernel, w, cx)))
     precompile.dry(lambda: gates._dry(i, f, m0t, None, torch.float32, True))
     real = utils._launch_fitting
 
-    def record(kernel, grid, args, w, cx):
+    def record(kernel, grid, args, w, cx, s=None):
         launched.add(_config(kernel, w, cx))
-        return real(kernel, grid, args, w, cx)
+        return real(kernel, grid, args, w, cx, s)
 
     monkeypatch.setattr(utils, "_launch_fitting", record)
     ldp, logw, m, _ = gates.mlstm_exp_gates(i, f, m0t, out_dtype=torch.float32)

@@ -291,3 +291,25 @@ def test_vector_own_block_both_paths(right, reverse):
     if right:
         rd[:, 20:50] = log_decay((2, 30, 2, 24), strength=-7.0)
     _check(compare_with_reference(_triton(16), _on((q, k, v, ld, rd, s0)), reverse=reverse), seed)
+
+
+def test_tuned_stages_reach_the_launch(monkeypatch):
+    """A fifth value in ULA_TUNE_OUTPUT / ULA_TUNE_STATE ("BT,BK,BV,warps,stages") sets the software pipelining's
+    stages of those launches (the lever against per-call differences of pipelined tl.dot loops, RESULTS.md session
+    13); the results stay those of the reference."""
+    from ula.core.triton import utils
+    seen = []
+    real = utils._launch_fitting
+
+    def record(kernel, grid, args, w, cx, s=None):
+        seen.append((kernel.fn.__name__, w, s))
+        return real(kernel, grid, args, w, cx, s)
+
+    monkeypatch.setattr(utils, "_launch_fitting", record)
+    monkeypatch.setattr(utils, "_TUNING", {"output": "64,64,64,4,1", "state": "64,64,64,4,2"})
+    assert utils.stages_of("output", 4) == 1 and utils.stages_of("state", 4) == 2 and utils.stages_of("x", 4) is None
+    seed = fresh_seed()
+    inputs = _on(make_inputs("scalar", False, 1, 70, 2, 16, 16))
+    _check(compare_with_reference(_triton(16), inputs), seed)
+    assert {s for n, w, s in seen if n == "_output_kernel"} == {1}, seen
+    assert {s for n, w, s in seen if n == "_state_kernel"} == {2}, seen

@@ -20,7 +20,7 @@ import triton.language as tl
 
 from .. import precision
 from .utils import (DOT_BF16, DOT_BF16_EMULATED, DOT_F16, DOT_TF32, alloc, block, cdiv, chunk_bounds, head_bases,
-                    is_tuned, launch, mm, mm_split, operand, own_dot, tuned, warps_for)
+                    is_tuned, launch, mm, mm_split, operand, own_dot, stages_of, tuned, warps_for)
 
 # the largest span of log decays (max - min over a row block, any feature) for which the rows' own block goes
 # through one reference step (one matmul) rather than by levels: e^60 ~ 1e26 stays far from float32's and
@@ -457,8 +457,9 @@ def chunk_output(q, k, v, b, c, border, h0, scale, layout, reverse, dot, out_dty
     C = layout.C
     name = "output_vec" if vec else "output"
     # benchmarks/results/tile_sweep_h100*.json
-    BT, BK, BV, W = tuned(name, (32, 32, 128, 4) if vec else (64, 64, 128, 4))
+    BT, BK, BV, W = tuned(name, (32, 32, 128, 4) if vec else (64, 64, 128, 4))[:4]
     BT, BK, BV, W = min(C, BT), block(K, BK), block(V, BV), warps_for(name, W, dot)
+    stages = stages_of(name, 4)
     o = alloc((B, T, H, V), q.device, out_dtype)
     dummy = border
     slabs = (cdiv(V, BV), B, T, H)
@@ -522,7 +523,7 @@ def chunk_output(q, k, v, b, c, border, h0, scale, layout, reverse, dot, out_dty
     for own in ((1, 2) if vec else (0,)):
         # the levels' launch (the rare path) at 8 warps: at 4, 32-row blocks spill up to 1 KB per thread on sm_90
         launch(_output_kernel, grid, *args, num_warps=max(W, 8) if own == 2 and not is_tuned(name) else W, **cx,
-               OWN=own)
+               OWN=own, num_stages=stages)
     if den is not None:
         return o, den
     if dg is None and du_of is None:

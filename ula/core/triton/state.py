@@ -8,8 +8,8 @@ import torch
 import triton
 import triton.language as tl
 
-from .utils import (alloc, block, cdiv, head_bases, is_tuned, launch, mm, multiprocessors, operand, round_bf16, tuned,
-                    warps_for)
+from .utils import (alloc, block, cdiv, head_bases, is_tuned, launch, mm, multiprocessors, operand, round_bf16,
+                    stages_of, tuned, warps_for)
 
 
 @triton.jit
@@ -320,7 +320,7 @@ def chunk_states(k, v, b, c, h0, layout, reverse, dot, state_dtype=torch.float32
     # 8 warps: a program of this sequential loop is alone on its multiprocessor (one warp per scheduler at 4
     # warps, latency-bound in Nsight Compute); B=1 T=65536 H=16 constant decay f+b 4.79 -> 4.06 ms, B=2 T=8192
     # vector 4.89 -> 4.70 (benchmarks/results/tile_sweep_h100_session9_*.json)
-    BT, BK, BV, W = tuned("state", (128, 64, 64, 8))
+    BT, BK, BV, W = tuned("state", (128, 64, 64, 8))[:4]
     BT, BK, BV, W = min(layout.C, BT), block(K, BK), block(V, BV), warps_for("state", W, dot)
     # few sequences x heads leave most multiprocessors idle: narrower K tiles give twice the programs (B=1
     # T=65536 H=16 constant decay 5.39 -> 4.86 ms in tile_sweep_h100_b1t65536.json); with one decay value per
@@ -359,7 +359,7 @@ def chunk_states(k, v, b, c, h0, layout, reverse, dot, state_dtype=torch.float32
            DB=DB, C=layout.C, NB=layout.C // BT, BT=BT, BK=BK, BV=BV, HAS_B=b is not None, HAS_C=c is not None,
            HAS_H0=h0 is not None, REVERSE=reverse, VARLEN=layout.varlen, DOT=dot, HAS_X=X is not None,
            GATE=gate is not None, ONES=ones, HAS_E=e is not None, XR=partner_right,
-           num_warps=W)
+           num_warps=W, num_stages=stages_of("state", 4))
     if ones:
         return border, final, X, (n_border, n_final)
     return border, final, X

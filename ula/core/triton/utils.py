@@ -218,9 +218,20 @@ def mm_split(a, b, DOT: tl.constexpr):
 
 def tuned(kernel, defaults):
     """Tile sizes and warps of a kernel: the heuristic defaults, or ULA_TUNE_<KERNEL>="a,b,c,..." (same order;
-    read at import) or set_tuning(kernel, "a,b,c,...") for measurement sweeps (benchmarks/gpu_tile_sweep.py)."""
+    read at import) or set_tuning(kernel, "a,b,c,...") for measurement sweeps (benchmarks/gpu_tile_sweep.py). The
+    state and output kernels take one value more than their defaults, the software pipelining's stages
+    (`stages_of`)."""
     cfg = _TUNING.get(kernel) if _TUNING else None
     return tuple(int(x) for x in cfg.split(",")) if cfg else defaults
+
+
+def stages_of(kernel, n):
+    """The stages set by hand after a kernel's n tile values (ULA_TUNE_<KERNEL>="BT,BK,BV,warps,stages"), else None
+    (Triton's default). Triton issues #9871 and #10590: on sm_100/103, tl.dot recurrences at 4 warps gave results
+    that differ per call under pipelining (2-3 stages); the column-of-ones forward here did so on the H100
+    (benchmarks/RESULTS.md session 13), and fewer stages are the cheap thing to try against it."""
+    cfg = tuned(kernel, ())
+    return cfg[n] if len(cfg) > n else None
 
 
 def warps_for(kernel, W, dot):
@@ -283,27 +294,29 @@ def dry_launches():
         _DRY.on = False
 
 
-def _warmup(kernel, grid, args, num_warps, constexprs):
-    kernel.warmup(*args, grid=grid, num_warps=num_warps, **constexprs)
+def _warmup(kernel, grid, args, num_warps, constexprs, num_stages=None):
+    stages = {} if num_stages is None else {"num_stages": num_stages}
+    kernel.warmup(*args, grid=grid, num_warps=num_warps, **stages, **constexprs)
 
 
-def launch(kernel, grid, *args, num_warps=4, **constexprs):
+def launch(kernel, grid, *args, num_warps=4, num_stages=None, **constexprs):
     """kernel[grid](*args, num_warps=num_warps, **constexprs), with the host's cost of a repeated launch cut to a
-    cache lookup. Every runtime argument positionally and in order, every constexpr by name."""
+    cache lookup. Every runtime argument positionally and in order, every constexpr by name. num_stages: None for
+    Triton's software pipelining (fewer stages where they do not fit), else that many."""
     if getattr(_DRY, "on", False):
-        _warmup(kernel, grid, args, num_warps, constexprs)
+        _warmup(kernel, grid, args, num_warps, constexprs, num_stages)
         return
     hooks = knobs.runtime.launch_enter_hook
     if INTERPRET or (hooks is not None and getattr(hooks, "calls", True)):  # a profiler's hooks: Triton's path
-        _launch_fitting(kernel, grid, args, num_warps, constexprs)
+        _launch_fitting(kernel, grid, args, num_warps, constexprs, num_stages)
         return
     dev = torch.cuda.current_device()
     # tensors by dtype and alignment, numbers by value (the kernel by id: its own hash takes a lock)
-    key = (id(kernel), dev, num_warps, *constexprs.values(),
+    key = (id(kernel), dev, num_warps, num_stages, *constexprs.values(),
            *[(a.dtype, a.data_ptr() & 15 == 0) if isinstance(a, Tensor) else a for a in args])
     hit = _LAUNCHES.get(key)
     if hit is None:
-        compiled = _launch_fitting(kernel, grid, args, num_warps, constexprs)
+        compiled = _launch_fitting(kernel, grid, args, num_warps, constexprs, num_stages)
         if hasattr(compiled, "result"):
             compiled = compiled.result()
         names = kernel.arg_names[len(args):]
@@ -317,13 +330,13 @@ def launch(kernel, grid, *args, num_warps=4, **constexprs):
     run(g[0], g[1], g[2], _current_stream(dev), function, meta, None, None, None, *args, *tail)
 
 
-def _launch_fitting(kernel, grid, args, num_warps, constexprs):
+def _launch_fitting(kernel, grid, args, num_warps, constexprs, num_stages=None):
     """kernel[grid](...) with Triton's default software pipelining, or with fewer stages where its buffers do not
     fit the GPU's shared memory: the tiles are chosen on an H100 (228 KB per block), other GPUs have less (an
     A100 164 KB: float32 inputs need 208 KB there at 3 stages, compiled for sm_80 by tests/offline_compile.py).
     Returns what the launch returns (the compiled kernel)."""
     from triton.runtime.errors import OutOfResources
-    for stages in (None, 2, 1):
+    for stages in (None, 2, 1) if num_stages is None else (num_stages,):
         try:
             if stages is None:
                 return kernel[grid](*args, num_warps=num_warps, **constexprs)
