@@ -269,7 +269,11 @@ def test_parts_against_reference(monkeypatch, case):
         q, k, v, ld, rd, h0 = inputs
         inputs = (q, k, v, ld, rd, torch.randn(3, 2, 16, 24) * 0.3)
     fn = _gla if case.startswith("gla") else _la
-    _check(compare_with_reference(fn, inputs, **kw), seed, torch.float16)
+    errs = compare_with_reference(fn, inputs, **kw)
+    # bfloat16's bounds, as the GPU quality test's: 1e-2, and 2e-2 for a log decay's gradient (a sum of terms that
+    # cancel; one seed in ~1000 reached 1.03e-2 for a scalar decay)
+    bad = {k: f"{v:.2e}" for k, v in errs.items() if not v <= (2e-2 if k == "dld" else 1e-2)}
+    assert not bad, f"relative errors over the bf16 bounds: {bad} (seed {seed})"
     want = {"constant": "states_forward"}.get(case, precision.encode(precision.parse("accurate")))
     assert set(seen) == {want}, seen
 
