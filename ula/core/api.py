@@ -61,10 +61,9 @@ def linear_attention(q, k, v, ld=None, rd=None, *, scale=None, initial_state=Non
         v, rd = F.pad(v, (0, pv)), None if rd is None else F.pad(rd, (0, pv))
         ld = F.pad(ld, (0, pk)) if ld is not None and ld.dim() == 4 else ld
         initial_state = None if initial_state is None else F.pad(initial_state, (0, pv, 0, pk))
-    prec = _precision.parse(precision, "linear_attention: precision")
-    if prec is None:  # measured: a constant decay's output error drops below fla's at +6% time (RESULTS.md, session 13)
-        prec = ("states_forward",) if ld is not None and ld.dim() == 1 else ()
-    prec = _precision.encode(_precision.resolve(prec))
+    # default, measured: a constant decay's output error drops below fla's at +6% time (RESULTS.md, session 13)
+    prec = _precision.call_code(precision, ("states_forward",) if ld is not None and ld.dim() == 1 else (),
+                                "linear_attention: precision")
     o, S, _ = run(q, k, v, ld, rd, initial_state, cu_seqlens, scale, reverse, chunk_size, backend, key_gate, prec)
     if not output_final_state:
         S = None

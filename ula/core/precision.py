@@ -65,6 +65,13 @@ def encode(parts):
     return ",".join(parts)
 
 
+def call_code(value, default, what):
+    """The encoded parts a core call runs with, from its precision argument `value` (checked, error naming `what`;
+    None: the op's `default`) and set_precision's override."""
+    parts = parse(value, what)
+    return encode(resolve(default if parts is None else parts))
+
+
 @contextlib.contextmanager
 def active(code):
     """The kernels launched inside take the parts in `code` (encode's string)."""

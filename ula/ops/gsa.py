@@ -19,7 +19,7 @@ from ..core import linear_attention
 from ..core.api import _pad_to_16
 from ..core.backends import chunk_fn, runs_fused
 from ..core.op import run
-from ..core.precision import encode, parse, resolve
+from ..core.precision import call_code, parse
 from ..core.time_scan import scan_time
 from ._checks import (check_float, check_sequence, check_state_tuple, check_step_qkv, num_sequences)
 from ._common import PackedLayout, _step, decay_dtype
@@ -74,8 +74,8 @@ def gsa(q, k, v, s=None, g=None, *, scale=None, initial_state=None, output_final
     s, g [B, T, H, m]. States (K̃ᵀ [B, H, K, m], Ṽ [B, H, m, V]) float32 ([N, ...] with cu_seqlens).
     precision: the core's matmul precision for half-precision inputs (ula/core/precision.py; `ula.set_precision`
     overrides it). Default own_block: H100, B2 T8192 m=64, bf16 (benchmarks/RESULTS.md "GPU, session 13"): every
-    error lower than with "fast" at the same time (4.70 ms graph replays); "accurate" puts o and every gradient
-    below fla chunk_gsa's error but takes 5.06 ms, above fla's 4.83.
+    error lower than with "fast" at the same time (4.71 ms in CUDA-graph replays); "accurate" puts o and every
+    gradient below fla chunk_gsa's error but takes 5.04-5.06 ms, above fla's 4.77.
     Returns (o [B, T, H, V], final state tuple or None)."""
     check_sequence(q, k, v, cu_seqlens, chunk_size, backend, scale)
     _check_gsa("gsa", q, v, s, g, initial_state, num_sequences(q, cu_seqlens), "B" if cu_seqlens is None else "N",
@@ -108,7 +108,7 @@ def _second_pass(p, s, v, g, h2, dtype, kw):
         return linear_attention(p.to(dtype), s, v, g, None, scale=1.0, initial_state=h2, **kw)
     if C is None:
         C = chunk_fn(backend, p.device).pick_chunk(g, None)
-    prec = encode(resolve(parse(kw["precision"], "gsa: precision")))
+    prec = call_code(kw["precision"], (), "gsa: precision")
     o, S, _ = run(p, s, v, g, None, h2, kw["cu_seqlens"], 1.0, False, C, backend, None, prec)
     return o, (S if kw["output_final_state"] else None)
 

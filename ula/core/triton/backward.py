@@ -25,8 +25,7 @@ from .cumsum import chunk_cumsum
 from .decay_grad import decay_grad_from_terms
 from .output import chunk_output
 from .state import chunk_states
-from .. import precision
-from .utils import DOT_BF16, DOT_BF16_EMULATED, DOT_F32, DOT_TF32, border_dtype, dot_code, state_dot
+from .utils import DOT_F32, border_dtype, dot_code, part_dot, state_dot
 
 
 def _bounds(layout, C):
@@ -109,16 +108,14 @@ def fused_backward(q, k, v, ld, h0, do, dS, scale, cu_seqlens, rev, C, need_ld, 
 
     # the state gradients (the dK and dV passes' states, one kernel): Σ qᵀ (scale dO), entering with dS
     # precision part states_backward: both state kernels' matmuls in tf32, border states still in their dtypes
-    hdot = dot in (DOT_BF16, DOT_BF16_EMULATED) and not wide
-    sdot_t = DOT_TF32 if hdot and precision.on("states_backward") else sdot
-    f_dt = f32 if wide else half
+    sdot_t = sdot if wide else part_dot("states_backward", dot, sdot)
     g = chunk_states(q, do, b_bwd, None, dSf, layout, not rev, sdot_t, f32 if need_ld else half, scale=scale,
                      ones=on, n0=dnf, e=e)
     g_border, dh0 = g[0], g[1]
     g_n, dn0 = g[3] if on else (None, None)
     del g  # the tuple would keep g_border alive past its `del` below (one border-sized buffer at the peak)
     # the forward's states (the dQ pass's), and the decay gradient's border terms against the state gradients
-    f = chunk_states(k, v, b_fwd, None, h0f, layout, rev, sdot_t, f_dt,
+    f = chunk_states(k, v, b_fwd, None, h0f, layout, rev, sdot_t, f32 if wide else half,
                      partner=g_border if need_ld else None, gate=u, ones=on, n0=n0f,
                      partner_n=g_n if need_ld else None)
     f_border, X = f[0], f[2]

@@ -10,8 +10,7 @@ from .cumsum import chunk_cumsum
 from .decay_grad import log_decay_grad_triton
 from .output import chunk_output
 from .state import chunk_states
-from .. import precision
-from .utils import DOT_BF16, DOT_BF16_EMULATED, DOT_TF32, cdiv, dot_code, state_dot
+from .utils import DOT_TF32, cdiv, dot_code, part_dot, state_dot
 
 
 @dataclass
@@ -92,7 +91,7 @@ def chunk_recurrence_triton(q, k, v, gl=None, gr=None, *, scale=1.0, initial_sta
     c = chunk_cumsum(gr, layout, reverse) if gr is not None else None
     u = key_gate.contiguous() if key_gate is not None else None
     # precision part states_forward: the state kernel's matmuls in tf32, its border states still in the input dtype
-    st_dot = DOT_TF32 if dot in (DOT_BF16, DOT_BF16_EMULATED) and precision.on("states_forward") else sdot
+    st_dot = part_dot("states_forward", dot, sdot)
     border, final, _ = chunk_states(k, v, b, c, h0, layout, reverse, st_dot, state_dtype or torch.float32, gate=u)
     o = chunk_output(q, k, v, b, c, border, h0, scale, layout, reverse, dot, out_dtype or torch.float32, gate=u,
                      state_dot=sdot)

@@ -18,9 +18,8 @@ import torch
 import triton
 import triton.language as tl
 
-from .. import precision
-from .utils import (DOT_BF16, DOT_BF16_EMULATED, DOT_F16, DOT_TF32, alloc, block, cdiv, chunk_bounds, head_bases,
-                    is_tuned, launch, mm, mm_split, operand, own_dot, stages_of, tuned, warps_for)
+from .utils import (DOT_F16, alloc, block, cdiv, chunk_bounds, head_bases, is_tuned, launch, mm, mm_split, operand,
+                    own_dot, part_dot, stages_of, takes_part, tuned, warps_for)
 
 # the largest span of log decays (max - min over a row block, any feature) for which the rows' own block goes
 # through one reference step (one matmul) rather than by levels: e^60 ~ 1e26 stays far from float32's and
@@ -515,11 +514,11 @@ def chunk_output(q, k, v, b, c, border, h0, scale, layout, reverse, dot, out_dty
               GATE=0 if gate is None else (2 if gate_rows else 1), HAS_DU=du_out is not None, ONES=den is not None,
               R1=r1, OWN_MAX=OWN_RANGE if dot != DOT_F16 else -1.0, SDOT=dot if state_dot is None else state_dot,
               ODOT=own_dot(dot), SPLIT_KEYS=False)
-    if dot in (DOT_BF16, DOT_BF16_EMULATED):  # precision parts (ula/core/precision.py) of the core call running now
-        # the dK and dV passes are the calls with gate_rows (their border states are float32 where dg needs them)
-        if gate_rows and precision.on("q_states_backward"):
-            cx["SDOT"] = DOT_TF32
-        cx["SPLIT_KEYS"] = vec and precision.on("split_keys")
+    # precision parts (ula/core/precision.py) of the core call running now; the dK and dV passes are the calls
+    # with gate_rows (their border states are float32 where dg needs them)
+    if gate_rows:
+        cx["SDOT"] = part_dot("q_states_backward", dot, cx["SDOT"])
+    cx["SPLIT_KEYS"] = vec and takes_part("split_keys", dot)
     for own in ((1, 2) if vec else (0,)):
         # the levels' launch (the rare path) at 8 warps: at 4, 32-row blocks spill up to 1 KB per thread on sm_90
         launch(_output_kernel, grid, *args, num_warps=max(W, 8) if own == 2 and not is_tuned(name) else W, **cx,

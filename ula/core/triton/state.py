@@ -3,7 +3,6 @@ sequences x heads and over K and V tiles.
 
 Going forward it stores the state after each chunk; in reverse the state entering each chunk from its right
 end (these are the border states that chunk_recurrence returns and the output kernel reads back)."""
-
 import torch
 import triton
 import triton.language as tl
@@ -87,7 +86,8 @@ def _chunk_factors(it, nc, bos, eos, b_base, u_base, kc, mk, H, DB: tl.constexpr
 # partial sums in those columns (n = their sum). Otherwise it holds NW equal columns (the float32 row sum in each).
 NW: tl.constexpr = tl.constexpr(16)
 # Not with a factor per row (decay, gate; mLSTMexp): on an H100 both forms tried made mLSTMexp's three state calls
-# slower, 0.62 -> 1.48 ms (k scaled for the state, kᵀ unscaled for the sums) and 0.62 -> 1.30 ms (the factor on v:
+# slower, 0.62 -> 1.48 ms (k scaled for the state, kᵀ unscaled for the sums:
+# benchmarks/results/state_calls_h100_session12_split.txt) and 0.62 -> 1.30 ms (the factor on v:
 # benchmarks/results/pending12_part1_h100_session13.log).
 
 
@@ -220,9 +220,7 @@ def _state_kernel(k, v, b, c, u, h0, border, final, partner, X, n0, n_border, n_
         S += tl.load(h0 + (i_n.to(tl.int64) * H + i_h) * K * V + kv_off, mask=mkv, other=0.0).to(tl.float32)
     # ONES (decays with one value per step): n, the state's column for one more column of v (ones, or e with
     # HAS_E), kept by every V tile and stored by the first
-    # bfloat16 matmuls (3: emulated) and k entering as loaded (no decay, no gate): with a factor per row the split
-    # made mLSTMexp's three state calls 0.62 -> 1.48 ms on an H100
-    # (benchmarks/results/state_calls_h100_session12_split.txt)
+    # SPLIT (see NW): bfloat16 matmuls (3: emulated) and k entering as loaded (no decay, no gate)
     SPLIT: tl.constexpr = ONES and (DOT == 2 or DOT == 3) and not (HAS_B or GATE)
     n = tl.zeros([BK, NW], dtype=tl.float32)
     n_ok = mk & (i_v == 0)

@@ -101,10 +101,20 @@ def border_dtype(q, sdot):
     return torch.float32 if sdot == DOT_TF32 else half_states(q) or torch.float32
 
 
+def takes_part(part, dot):
+    """Whether the core call running now takes precision part `part` here: the inputs' matmul code `dot` is bfloat16
+    (the parts change bfloat16 matmuls only) and the call's parts name it."""
+    return dot in (DOT_BF16, DOT_BF16_EMULATED) and precision.on(part)
+
+
+def part_dot(part, dot, otherwise):
+    """DOT_TF32 where `takes_part(part, dot)`, else `otherwise` (the matmul code of that place without the part)."""
+    return DOT_TF32 if takes_part(part, dot) else otherwise
+
+
 def own_dot(dot):
-    """The matmul code of the own block's single-matmul path (decays per feature): DOT_TF32 where the core call
-    takes precision part own_block and the inputs take bfloat16 operands, else dot."""
-    return DOT_TF32 if precision.on("own_block") and dot in (DOT_BF16, DOT_BF16_EMULATED) else dot
+    """The matmul code of the own block's single-matmul path (decays per feature): part own_block's."""
+    return part_dot("own_block", dot, dot)
 
 
 @triton.jit
