@@ -46,10 +46,13 @@ def _coef(a, i_h, a_val, A_TENSOR: tl.constexpr):
 
 @triton.jit
 def _denominator(den, sd_t, rows, m, bos, c0v, av, eps, HAS_A: tl.constexpr):
-    """(den + a C, its clamped form d, where the gradient passes the clamp) for a block of rows."""
+    """(den + a C, its clamped form d, where the gradient passes the clamp) for a block of rows. den + a C is
+    summed in float64 (one value per row, so it costs nothing): where it nears 0 it cancels, and float32 rounding
+    of a C and of c0 + p + 1 would leave an error that 1/d multiplies (and dden's 1/d² doubles)."""
     dn = tl.load(den + rows.to(tl.int64) * sd_t, mask=m, other=1.0).to(tl.float32)
     if HAS_A:
-        dn = dn + av * (c0v + (rows - bos + 1).to(tl.float32))
+        c = c0v.to(tl.float64) + (rows - bos + 1).to(tl.float64)
+        dn = (dn.to(tl.float64) + av.to(tl.float64) * c).to(tl.float32)
     d = tl.where(dn >= 0, tl.maximum(dn, eps), tl.minimum(dn, -eps))
     return dn, d, (dn >= eps) | (dn <= -eps)
 

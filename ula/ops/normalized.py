@@ -91,19 +91,22 @@ def _epilogue_torch(o, den, v, a, z0, c0, eps, cu_seqlens, final):
     a_part = not (isinstance(a, float) and a == 0.0)  # a = 0: the sums only for the final state
     if a_part or final:
         zv = scan_time(lay.pad(v.to(dd)), lambda y: y.cumsum(-1))  # [N, L, H, V]
-        zc = torch.arange(1, zv.shape[1] + 1, device=v.device, dtype=dd).view(1, -1, 1).expand(zv.shape[:3])
+        # C and den + a C in float64 (one value per row): near 0 the sum cancels, and float32 rounding there
+        # is an error that the division multiplies.
+        zc = torch.arange(1, zv.shape[1] + 1, device=v.device, dtype=torch.float64).view(1, -1, 1)
+        zc = zc.expand(zv.shape[:3])
         if z0 is not None:
             zv = zv + z0.to(dd).unsqueeze(1)
         if c0 is not None:
-            zc = zc + c0.to(dd).unsqueeze(1)
+            zc = zc + c0.to(torch.float64).unsqueeze(1)
     num = o.to(dd)
     den = den.to(dd)
     if a_part:
-        a = a if isinstance(a, float) else a.to(dd)
-        num = num + a * lay.unpad(zv)
-        den = den + (a if isinstance(a, float) else a.squeeze(-1)) * lay.unpad(zc)
+        num = num + (a if isinstance(a, float) else a.to(dd)) * lay.unpad(zv)
+        a64 = a if isinstance(a, float) else a.to(torch.float64).squeeze(-1)
+        den = (den.to(torch.float64) + a64 * lay.unpad(zc)).to(dd)
     out = _divide(num, den.unsqueeze(-1), eps).to(v.dtype)
-    return out, ((lay.last_of(zv), lay.last_of(zc)) if final else None)
+    return out, ((lay.last_of(zv), lay.last_of(zc).to(dd)) if final else None)
 
 
 def normalized_linear_attention(q, k, v, a=1.0, b=1.0, *, qk_l2_norm=True, eps=1e-6, initial_state=None,
