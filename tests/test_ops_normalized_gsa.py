@@ -151,16 +151,21 @@ def test_gsa_varlen():
     check(errs, seed)
 
 
-def test_gsa_bf16_second_pass_takes_float32_softmax(monkeypatch):
-    """bfloat16 inputs on the Triton kernels: the second pass takes the softmax output in float32 beside bf16 s, v
-    (ula/ops/gsa.py, one rounding fewer); outputs and gradients against the float64 reference of the same values
-    (bf16 storage error only: the interpreter's matmuls run in float32), varlen with initial and final states."""
+def test_gsa_bf16_passes_hand_over_float32(monkeypatch):
+    """bfloat16 inputs on the Triton kernels: the first pass hands its output to the softmax in float32 (the core's
+    kept o, differentiable) and the second pass takes the softmax output in float32 beside bf16 s, v (ula/ops/gsa.py,
+    roundings fewer); outputs and gradients against the float64 reference of the same values (bf16 storage error
+    only: the interpreter's matmuls run in float32), varlen with initial and final states."""
     import importlib
     gsa_mod = importlib.import_module("ula.ops.gsa")  # the module (ula.ops.gsa is also the function's name)
     seed = fresh_seed()
     seen = []
     real_run = gsa_mod.run
-    monkeypatch.setattr(gsa_mod, "run", lambda p, *a: seen.append(p.dtype) or real_run(p, *a))
+    def spy(x, *a):
+        out = real_run(x, *a)
+        seen.append((x.dtype, out[2].dtype if out[2].numel() else None))
+        return out
+    monkeypatch.setattr(gsa_mod, "run", spy)
     cu = rand_cu()
     Tn, N = int(cu[-1]), len(cu) - 1
     inp = _gsa_inputs(1, Tn, N, False, True)
@@ -169,7 +174,7 @@ def test_gsa_bf16_second_pass_takes_float32_softmax(monkeypatch):
     errs = compare(lambda h0, **x: ula.gsa(**x, initial_state=h0, output_final_state=True, cu_seqlens=cu,
                                            chunk_size=CHUNK, backend="triton"),
                    lambda h0, **x: per_sequence(lambda h0, g, **y: _ref_gsa(h0, g, **y), cu, x, {}, h0), inp)
-    assert seen == [torch.float32], seen
+    assert seen == [(torch.bfloat16, torch.float32), (torch.float32, None)], seen
     check(errs, seed, tol=2e-2)
 
 

@@ -313,3 +313,26 @@ def test_tuned_stages_reach_the_launch(monkeypatch):
     _check(compare_with_reference(_triton(16), inputs), seed)
     assert {s for n, w, s in seen if n == "_output_kernel"} == {1}, seen
     assert {s for n, w, s in seen if n == "_state_kernel"} == {2}, seen
+
+
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "custom_op"])
+def test_kept_output_carries_its_gradient(compiled, monkeypatch):
+    """With a right decay the core also returns o in the compute dtype (GSA's first pass reads it, float32 for bf16
+    inputs); a loss through both it and o gets the gradients of the sum of their cotangents, on the eager Function
+    and on the custom op that torch.compile traces (called directly here)."""
+    from ula.core import op
+    if compiled:
+        monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+    seed = fresh_seed()
+    q, k, v, _, rd, h0 = make_inputs("none", True, 1, 37, 2, 16, 16)
+    leaves = [x.clone().requires_grad_() for x in (q, k, v, rd)]
+    out, _, kept = op.run(*leaves[:3], None, leaves[3], h0, None, 16 ** -0.5, False, 16, "triton", None, "")
+    assert kept.shape == out.shape and kept.dtype == torch.float32
+    a, b = torch.randn_like(out), torch.randn_like(out)
+    ((out * a).sum() + (kept * b).sum()).backward()
+    ref = [x.double().clone().requires_grad_() for x in (q, k, v, rd)]
+    o_r, _ = reference_linear_attention(*ref[:3], None, ref[3], scale=16 ** -0.5, initial_state=h0.double())
+    (o_r * (a + b).double()).sum().backward()
+    errs = {"o": rel(out, o_r), "kept": rel(kept, o_r)}
+    errs.update({f"d{n}": rel(x.grad, r.grad) for n, x, r in zip("qkvr", leaves, ref)})
+    _check(errs, seed)

@@ -107,7 +107,7 @@ def backward_initial_state(box):
         _NEXT_BOX[0] = None
 
 
-def _grads(ctx, do, dS, bwd):
+def _grads(ctx, do, dS, do_keep, bwd):
     q, k, v, ld, rd, h0, o, cu, kg = ctx.saved_tensors
     scale, reverse, chunk_size, backend, prec = ctx.cfg
     box = getattr(ctx, "h0_box", None)
@@ -116,6 +116,8 @@ def _grads(ctx, do, dS, bwd):
         h0 = box.value
     need_ld = ld is not None and ctx.needs_input_grad[3]
     need_rd = rd is not None and ctx.needs_input_grad[4]
+    if do_keep is not None and do_keep.numel():  # the kept float32 o was used (GSA's softmax): its gradient too
+        do = do_keep if do is None else do_keep + do
     if do is None:  # only the final state was used (eager calls do not materialize zero gradients)
         do = torch.zeros_like(v)
     g = bwd(q, k, v, ld, rd, h0, o, do.contiguous(), dS, cu, scale, reverse, chunk_size, backend, need_ld, need_rd,
@@ -127,8 +129,8 @@ def _grads(ctx, do, dS, bwd):
     return g[0], g[1], g[2], dld, drd, dh0, None, None, None, None, None, dkg, None
 
 
-def _backward(ctx, do, dS, _do_keep):
-    return _grads(ctx, do, dS, linear_attention_bwd)
+def _backward(ctx, do, dS, do_keep):
+    return _grads(ctx, do, dS, do_keep, linear_attention_bwd)
 
 
 linear_attention_fwd.register_autograd(_backward, setup_context=_setup_context)
@@ -140,19 +142,21 @@ class _Eager(torch.autograd.Function):
         out = _forward(*inputs)
         _setup_context(ctx, inputs, out)
         ctx.h0_box = _NEXT_BOX[0]
-        ctx.mark_non_differentiable(out[2])
+        if not out[2].numel():
+            ctx.mark_non_differentiable(out[2])
         # an unused final state gets None, not a zero tensor (a fill per backward; the kernels skip a None dS)
         ctx.set_materialize_grads(False)
         return out
 
     @staticmethod
-    def backward(ctx, do, dS, _do_keep):
-        return _grads(ctx, do, dS, _backward_impl)
+    def backward(ctx, do, dS, do_keep):
+        return _grads(ctx, do, dS, do_keep, _backward_impl)
 
 
 def run(q, k, v, ld, rd, h0, cu_seqlens, scale, reverse, chunk_size, backend, kg=None, prec=""):
     """(o, final state, o kept for a right decay's gradient): the custom op while compiling, else the eager
-    autograd.Function (same functions inside). prec: precision.encode's string of the matmul precision's parts."""
+    autograd.Function (same functions inside). With a right decay the kept o is o in the compute dtype (float32
+    for half-precision inputs), differentiable like o: a caller may read it instead of o's rounded copy. prec: precision.encode's string of the matmul precision's parts."""
     if torch.compiler.is_compiling():
         op = linear_attention_fwd
     else:

@@ -88,10 +88,30 @@ def gsa(q, k, v, s=None, g=None, *, scale=None, initial_state=None, output_final
         chunk_size = 128
     kw = dict(output_final_state=output_final_state, cu_seqlens=cu_seqlens, chunk_size=chunk_size,
               backend=backend, precision=precision)
-    o1, S1 = linear_attention(q, k, s, None, g, scale=scale, initial_state=h1, **kw)
+    o1, S1 = _first_pass(q, k, s, g, h1, scale, kw)
     p = torch.softmax(o1.to(decay_dtype(q)), -1)
     o, S2 = _second_pass(p, s, v, g, h2, q.dtype, kw)
     return o, ((S1, S2) if output_final_state else None)
+
+
+def _fused_half(dtype, x, *widths, kw):
+    """Whether a pass runs on the Triton kernels with half-precision inputs and no padding of its widths."""
+    return (dtype in (torch.float16, torch.bfloat16) and runs_fused(kw["backend"], x.device)
+            and not any(_pad_to_16(w) for w in widths))
+
+
+def _first_pass(q, k, s, g, h1, scale, kw):
+    """Pass 1. Half-precision inputs on the Triton kernels with a gate: o1 is taken in float32 (the core keeps it
+    so for its right decay's gradient) and its gradient goes back in float32, where the public call rounded both
+    to bf16 (bf16 error vs float64 on the CPU emulation, benchmarks/results/bf16_error_study_gsa_cpu.txt: dq, dk
+    -0.15e-3), and three copies (o1 to bf16 and back, d o1 to bf16) are gone."""
+    if g is None or not _fused_half(q.dtype, q, q.shape[-1], s.shape[-1], kw=kw):
+        return linear_attention(q, k, s, None, g, scale=scale, initial_state=h1, **kw)
+    C = kw["chunk_size"] or chunk_fn(kw["backend"], q.device).pick_chunk(None, g)
+    scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
+    prec = call_code(kw["precision"], (), "gsa: precision")
+    _, S, o1 = run(q, k, s, None, g, h1, kw["cu_seqlens"], scale, False, C, kw["backend"], None, prec)
+    return o1, (S if kw["output_final_state"] else None)
 
 
 def _second_pass(p, s, v, g, h2, dtype, kw):
@@ -103,8 +123,7 @@ def _second_pass(p, s, v, g, h2, dtype, kw):
     kernels read p in float32 (~5 reads, +2 bytes per element each), no bf16 copies of p and of dp are made. Not under
     a torch.compile trace (runs_fused): the internal call is opaque to it, so the public one takes bf16 p there."""
     backend, C = kw["backend"], kw["chunk_size"]
-    if (dtype not in (torch.float16, torch.bfloat16) or not runs_fused(backend, p.device)
-            or _pad_to_16(p.shape[-1]) or _pad_to_16(v.shape[-1])):
+    if not _fused_half(dtype, p, p.shape[-1], v.shape[-1], kw=kw):
         return linear_attention(p.to(dtype), s, v, g, None, scale=1.0, initial_state=h2, **kw)
     if C is None:
         C = chunk_fn(backend, p.device).pick_chunk(g, None)
