@@ -11,8 +11,10 @@ Prints the relative error of the output and of every gradient.
 v normal, s = randn, g = logsigmoid(randn + 4) of --m slots; held at bf16 values). --bf16: the inputs as bfloat16
 tensors (g float32), as on a GPU: then the kernels' outputs and what gsa.py passes between its two core calls are
 rounded to bf16 as there (the interpreter still computes the dots in float32, operands rounded to bf16); this
-reproduces the H100's GSA errors within ~3% (benchmarks/results/bf16_error_study_gsa_cpu.txt). --split-dg and
---variant run `gsa_study`: gsa.py as it was before that study (p rounded to bf16 before pass 2) with switches.
+reproduces the H100's GSA errors within ~3% (benchmarks/results/bf16_error_study_gsa_cpu.txt). 
+--variant (gsa): one variant of benchmarks/gpu_gsa_variants.py (its switches, so the CPU and the GPU study the same
+thing); the session-12 study's `gsa_study` (gsa.py of that time spelled out) is gone with that code.
+ULA_TF32_TRUNC=1 makes the emulated tf32 parts truncate as the H100 does (ula/core/triton/utils.py).
 --seeds N: N seeds from --seed on, one line each, then the per-tensor medians."""
 import argparse
 import os
@@ -24,6 +26,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 import ula  # noqa: E402
+import gpu_gsa_variants as gsa_variants  # noqa: E402  (this folder)
 
 
 def _rtne_bf16_stores():
@@ -67,35 +70,6 @@ def inputs(a, B, T, H, K, V):
     return [q, k, v] + ([g] if g is not None else []), ["o", "dq", "dk", "dv"] + (["dg"] if g is not None else [])
 
 
-def gsa_study(q, k, v, s, g1, g2, a):
-    """ula.gsa (ula/ops/gsa.py) spelled out, with the study's switches (--variant, comma-separated):
-    o1f32: pass 1's output o1 kept float32 up to the softmax (pass 1 gets s as float32 for its v: the matmul
-           operands stay bf16, its outputs, o1, and the gradient reaching it, d o1, float32);
-    pf32:  the softmax output p enters pass 2 in float32 (its dots still round it to bf16; the gradient dp comes
-           out float32 and the decay gradient's q ⊙ dq term reads exact p);
-    s2f32: s enters pass 2 (as its k) in float32: that pass's ds comes out float32 (with o1f32 too, the two
-           gradients of s are summed in float32 and rounded to bf16 once, as fla does);
-    c64p1, c64p2: chunk 64 for pass 1 or pass 2 alone (the other keeps the chunk of --chunk-gsa / gsa's choice).
-    g1, g2: the log gate of pass 1 (right decay) and of pass 2 (left decay), separate leaves with --split-dg."""
-    var = set(filter(None, a.variant.split(",")))
-    chunk = a.chunk_gsa if a.chunk_gsa is not None else (128 if s.shape[-1] <= 64 else None)
-    from ula.core.op import run  # the core call without its checks (which want one dtype for q, k, v)
-    backend = a.backend_now
-    if chunk is None:
-        chunk = 64
-
-    def core(q, k, v, ld, rd, scale, c=chunk):
-        return run(q, k, v, ld, rd, None, None, scale, False, c, backend)[0]
-
-    s_ = s.to(q.dtype)
-    s32 = s_.float() if q.dtype != torch.float64 else s_  # one float32 copy: its two gradients summed in float32
-    v1 = s32 if "o1f32" in var else s_
-    o1 = core(q, k, v1, None, g1, q.shape[-1] ** -0.5, 64 if "c64p1" in var else chunk)
-    p = torch.softmax(o1.to(g1.dtype), -1)
-    p = p if "pf32" in var else p.to(q.dtype)
-    return core(p, s32 if "s2f32" in var else s_, v, g2, None, 1.0, 64 if "c64p2" in var else chunk)
-
-
 def one(a, seed):
     B, T, H, K, V = (int(x) for x in a.shape.split(","))
     torch.manual_seed(seed)
@@ -110,15 +84,13 @@ def one(a, seed):
             # log gates and decays stay float32
             keep32 = i == len(xs0) - 1 and ((t.dim() == 4 and a.op in ("gla", "gsa")) or a.op in ("constant", "scalar"))
             xs.append(t.to(torch.float32 if (keep32 and dt == torch.bfloat16) else dt).clone().requires_grad_())
-        if a.op == "gsa" and a.split_dg:  # one leaf for each pass's gate
-            xs.append(xs[-1].detach().clone().requires_grad_())
         if a.op == "gla":
             o, _ = ula.gla(*xs, backend=backend, chunk_size=a.chunk)
-        elif a.op == "gsa" and (a.variant or a.split_dg):
-            a.backend_now = backend
-            o = gsa_study(*xs, *([] if a.split_dg else xs[-1:]), a)
         elif a.op == "gsa":
+            if backend == "triton" and a.variant:  # the reference runs gsa as it is
+                gsa_variants.apply(a.variant)
             o, _ = ula.gsa(*xs, backend=backend, chunk_size=a.chunk_gsa)
+            gsa_variants.apply("default")
         else:
             o, _ = ula.linear_attention(*xs, backend=backend)
         (o.double() * do.double()).sum().backward()
@@ -149,9 +121,6 @@ def one(a, seed):
         for n, x, y in (("dg_step", cap["dg_step"], step), ("dg_X", cap["dg_X"], dg_ref - step)):
             out[n] = ((x.double() - y).norm() / dg_ref.norm()).item()  # relative to dg's norm
         return out
-    if a.op == "gsa" and a.split_dg:  # dg1: pass 1's (right decay), dg2: pass 2's (left decay), dg: their sum
-        names = names[:-1] + ["dg1", "dg2", "dg"]
-        got, ref = got + [got[-2] + got[-1]], ref + [ref[-2] + ref[-1]]
     return {n: ((x.double() - y).norm() / y.norm()).item() for n, x, y in zip(names, got, ref)}
 
 
@@ -164,8 +133,8 @@ def main():
     ap.add_argument("--chunk", type=int, default=64)
     ap.add_argument("--chunk-gsa", type=int, default=None, help="gsa's chunk_size (None: gsa's own choice)")
     ap.add_argument("--m", type=int, default=64, help="gsa: memory slots")
-    ap.add_argument("--variant", default="", help="gsa: study switches, comma-separated (see gsa_study)")
-    ap.add_argument("--split-dg", action="store_true", help="gsa: dg of each pass apart (dg1, dg2) and summed")
+    ap.add_argument("--variant", default="",
+                    help="gsa: a variant of gpu_gsa_variants.py (e.g. p2=own_block.states_backward)")
     ap.add_argument("--dg-parts", action="store_true",
                     help="gla: dg's error from its per-step terms (dg_step) and border terms (dg_X), each over |dg|")
     ap.add_argument("--bf16", action="store_true", help="bfloat16 input tensors (rounded outputs, see above)")

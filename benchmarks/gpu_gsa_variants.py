@@ -6,10 +6,13 @@ dq 2.89, dk 2.96, dv 2.85, ds 2.73, dg 2.97).
 
     python3 benchmarks/gpu_gsa_variants.py [--variants default,fast,accurate,p_bf16,c64p2,accurate+c64p2]
 
-Variants: default (ula.gsa as it is: precision own_block); fast, accurate (ula.set_precision's presets for every
-matmul, ula/core/precision.py); p_bf16 (the softmax output rounded to bf16 before pass 2, as before session 12);
-c64p2 (chunk 64 for pass 2 only); p1acc, p2acc ("accurate" for pass 1 or pass 2 only, the other at GSA's default);
-p2=part.part (pass 2 at those precision parts, ula/core/precision.py); '+' combines them. One JSON line per variant."""
+Variants: default (ula.gsa as it is: gsa.PASS_PRECISION, the float32 handovers); fast, accurate (ula.set_precision's
+presets for every matmul, ula/core/precision.py); p_bf16 (the softmax output rounded to bf16 before pass 2, as before
+session 12); o1_bf16 (pass 1's output and its gradient rounded to bf16 between the passes, s in bf16: before session
+14); s_bf16 (s in bf16 for both passes, its two gradients rounded and summed in bf16: before session 14); c64p2
+(chunk 64 for pass 2 only); p1acc, p2acc ("accurate" for pass 1 or pass 2 only, the other at GSA's default); p2own
+(pass 2 at own_block alone: session 13's default, which was o1_bf16+p2own); p2=part.part (pass 2 at those precision
+parts, ula/core/precision.py); '+' combines them. One JSON line per variant."""
 import argparse
 import importlib
 import json
@@ -31,31 +34,34 @@ _second_pass = gsa_mod._second_pass
 
 
 def _p_bf16(p, s, v, g, h2, dtype, kw):
-    return linear_attention(p.to(dtype), s, v, g, None, scale=1.0, initial_state=h2, **kw)
+    return linear_attention(p.to(dtype), s.to(dtype), v, g, None, scale=1.0, initial_state=h2, **kw)
 
 
 def _c64(p, s, v, g, h2, dtype, kw):
     return _second_pass(p, s, v, g, h2, dtype, dict(kw, chunk_size=64))
 
 
-_DEFAULT_PRECISION = gsa_mod.gsa.__kwdefaults__["precision"]
+_PASS_PRECISION = gsa_mod.PASS_PRECISION
+_first_pass = gsa_mod._first_pass
 
 
-def _with_precision(prec, inner):
-    """Pass 2 (inner) at precision prec, whatever gsa's precision argument (which pass 1 takes)."""
-    return lambda p, s, v, g, h2, dtype, kw: inner(p, s, v, g, h2, dtype, dict(kw, precision=prec))
+def _o1_bf16(q, k, s, g, h1, scale, kw):
+    return linear_attention(q, k, s.to(q.dtype), None, g, scale=scale, initial_state=h1, **kw)
 
 
 def apply(variant):
+    """Set gsa.py's switches for one variant ('+'-joined parts, see the module docstring); "default" restores them."""
     parts = set(variant.split("+"))
-    inner = _p_bf16 if "p_bf16" in parts else _c64 if "c64p2" in parts else _second_pass
-    p1 = "accurate" if "p1acc" in parts else _DEFAULT_PRECISION
-    p2 = "accurate" if "p2acc" in parts else _DEFAULT_PRECISION
+    gsa_mod._first_pass = _o1_bf16 if "o1_bf16" in parts else _first_pass
+    gsa_mod.WIDE_S = "s_bf16" not in parts and "o1_bf16" not in parts
+    gsa_mod._second_pass = _p_bf16 if "p_bf16" in parts else _c64 if "c64p2" in parts else _second_pass
+    p1, p2 = _PASS_PRECISION
+    p1 = "accurate" if "p1acc" in parts else ("own_block",) if "p1own" in parts else p1
+    p2 = "accurate" if "p2acc" in parts else ("own_block",) if "p2own" in parts else p2
     for part in parts:  # p2=part.part...: pass 2 at those precision parts
         if part.startswith("p2="):
             p2 = tuple(part[3:].split("."))
-    gsa_mod.gsa.__kwdefaults__["precision"] = p1  # gsa's default, which pass 1 takes
-    gsa_mod._second_pass = _with_precision(p2, inner)
+    gsa_mod.PASS_PRECISION = (p1, p2)
     ula.set_precision("fast" if "fast" in parts else "accurate" if "accurate" in parts else None)
 
 

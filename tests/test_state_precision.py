@@ -215,7 +215,8 @@ def _record_parts(monkeypatch):
 
 
 def test_each_ops_default_parts(monkeypatch):
-    """The measured defaults (benchmarks/RESULTS.md, session 13): GLA "accurate", GSA own_block in both passes, a
+    """The measured defaults (benchmarks/RESULTS.md, sessions 13-14): GLA "accurate", GSA own_block in pass 1 and
+    own_block with the backward's states parts in pass 2, a
     constant decay states_forward, other core calls and the normalizer's path none; set_precision's choice
     replaces them all, and None restores them."""
     from ula.core import precision
@@ -242,7 +243,12 @@ def test_each_ops_default_parts(monkeypatch):
 
     got = calls()
     assert got["gla"] == {accurate}, got
-    assert got["gsa"] == {"own_block"}, got
+    import importlib
+    pass_precision = importlib.import_module("ula.ops.gsa").PASS_PRECISION  # (ula.ops.gsa is also the function)
+    gsa_passes = {precision.encode(precision.parse(x)) for x in pass_precision}
+    pass2 = precision.encode(precision.parse(("own_block", "states_backward", "q_states_backward")))
+    assert gsa_passes == {"own_block", pass2}
+    assert got["gsa"] == gsa_passes, got
     assert got["retention"] == {"states_forward"}, got
     assert got["linear_attn"] == {""} and got["mlstm_exp"] == {""}, got
     ula.set_precision("fast")

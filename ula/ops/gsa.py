@@ -52,12 +52,13 @@ def _check_gsa(op, q, v, s, g, state, N, dim, step, n_state=2, s_name="s"):
         check_state_tuple(op, state, parts[:n_state])
 
 
-def _prep(q, s, g):
+def _prep(q, s, g, wide=False):
+    """(s, g) as the passes take them: g in the decay dtype, s in q's dtype, or float32 where `wide`."""
     if g is not None:
         g = g.to(decay_dtype(q))
     if s is None:
         s = -torch.expm1(g)
-    return s.to(q.dtype), g
+    return s.to(torch.float32 if wide else q.dtype), g
 
 
 def _split(state):
@@ -68,29 +69,42 @@ def _split(state):
     return state
 
 
+# The matmul precision parts of (pass 1, pass 2) where the call gives none (ula/core/precision.py). With the
+# float32 handovers below, the CPU emulation of the H100's bf16 (benchmarks/results/bf16_error_study_gsa_cpu.txt,
+# session 14) puts o and every gradient below fla chunk_gsa's H100 error only with pass 2's backward states parts
+# too (dg 3.63 -> 2.93e-3, fla 2.97); on the H100 those parts cost +0.04 ms (4.73 -> 4.77 ms in CUDA-graph replays,
+# results/gsa_passes_h100_session13.log).
+PASS_PRECISION = (("own_block",), ("own_block", "states_backward", "q_states_backward"))
+# s in float32 where both passes run fused in half precision: its two gradients (pass 1's dv, pass 2's dk) come out
+# float32 and are summed before one rounding, where they were rounded to bf16 each and summed in bf16 (emulation:
+# ds 2.83 -> 2.29e-3); the kernels read s in float32.
+WIDE_S = True
+
+
 def gsa(q, k, v, s=None, g=None, *, scale=None, initial_state=None, output_final_state=False, cu_seqlens=None,
-        chunk_size=None, backend="auto", precision=("own_block",)):
+        chunk_size=None, backend="auto", precision=None):
     """Gated Slot Attention (see the module docstring). q, k [B, T, H, K]; v [B, T, H, V];
     s, g [B, T, H, m]. States (K̃ᵀ [B, H, K, m], Ṽ [B, H, m, V]) float32 ([N, ...] with cu_seqlens).
-    precision: the core's matmul precision for half-precision inputs (ula/core/precision.py; `ula.set_precision`
-    overrides it). Default own_block: H100, B2 T8192 m=64, bf16 (benchmarks/RESULTS.md "GPU, session 13"): every
-    error lower than with "fast" at the same time (4.71 ms in CUDA-graph replays); "accurate" puts o and every
-    gradient below fla chunk_gsa's error but takes 5.04-5.06 ms, above fla's 4.77.
+    precision: the core's matmul precision for half-precision inputs in both passes (ula/core/precision.py;
+    `ula.set_precision` overrides it); None takes PASS_PRECISION, each pass its own measured parts.
     Returns (o [B, T, H, V], final state tuple or None)."""
     check_sequence(q, k, v, cu_seqlens, chunk_size, backend, scale)
     _check_gsa("gsa", q, v, s, g, initial_state, num_sequences(q, cu_seqlens), "B" if cu_seqlens is None else "N",
                False)
-    parse(precision, "gsa: precision")
-    s, g = _prep(q, s, g)
+    if precision is not None:
+        parse(precision, "gsa: precision")
+    p1, p2 = PASS_PRECISION if precision is None else (precision, precision)
     h1, h2 = _split(initial_state)
-    if chunk_size is None and s.shape[-1] <= 64:  # m <= 64 slots: small states, whose sequential steps dominate;
-        # chunk 128 halves them (H100 B2 T8192 H16 m=64 f+b 4.90 -> 4.77 ms, tile_sweep_h100_session10_gsa_c128.json)
+    # m <= 64 slots: small states, whose sequential steps dominate; chunk 128 halves them (H100 B2 T8192 H16 m=64
+    # f+b 4.90 -> 4.77 ms, tile_sweep_h100_session10_gsa_c128.json)
+    if chunk_size is None and (s if s is not None else g).shape[-1] <= 64:
         chunk_size = 128
-    kw = dict(output_final_state=output_final_state, cu_seqlens=cu_seqlens, chunk_size=chunk_size,
-              backend=backend, precision=precision)
-    o1, S1 = _first_pass(q, k, s, g, h1, scale, kw)
+    kw = dict(output_final_state=output_final_state, cu_seqlens=cu_seqlens, chunk_size=chunk_size, backend=backend)
+    wide = g is not None and _fused_half(q.dtype, q, q.shape[-1], g.shape[-1], v.shape[-1], kw=kw) and WIDE_S
+    s, g = _prep(q, s, g, wide)
+    o1, S1 = _first_pass(q, k, s, g, h1, scale, dict(kw, precision=p1))
     p = torch.softmax(o1.to(decay_dtype(q)), -1)
-    o, S2 = _second_pass(p, s, v, g, h2, q.dtype, kw)
+    o, S2 = _second_pass(p, s, v, g, h2, q.dtype, dict(kw, precision=p2))
     return o, ((S1, S2) if output_final_state else None)
 
 
