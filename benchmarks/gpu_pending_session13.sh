@@ -15,20 +15,8 @@
 #     bash benchmarks/gpu_pending_session13.sh 4   # GLA and GSA against fla chunk_gla, same run, 3 rounds
 #     bash benchmarks/gpu_pending_session13.sh 5   # GSA and GLA against fla chunk_gsa, same run, 2 rounds
 # Writes $OUT/pending13.log (every command's output under a header, the device line, the measured files' checksums).
-set -u
-PART=${1:-1}
-OUT=${OUT:-/tmp/pending}
-mkdir -p "$OUT"
-LOG="$OUT/pending13.log"
-run() {  # one command, its output into the log under a header with the command
-    echo "### $*" >> "$LOG"
-    timeout "${TMO:-300}" env "$@" >> "$LOG" 2>&1
-    echo "### rc=$?" >> "$LOG"
-}
-nvidia-smi --query-gpu=name,driver_version --format=csv,noheader >> "$LOG"
-python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" >> "$LOG" 2>&1
-md5sum ula/core/triton/*.py ula/ops/*.py ula/core/precision.py >> "$LOG"
-echo "### part $PART" >> "$LOG"
+NAME=pending13
+source "$(dirname "$0")/gpu_pending_common.sh"
 if [ "$PART" = 1 ]; then
 run python3 benchmarks/gpu_gate_tiles.py --sequential
 for E in "ULA_PRECISION=fast" "ULA_PRECISION=states_forward"; do

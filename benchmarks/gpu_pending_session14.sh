@@ -12,20 +12,8 @@
 #     bash benchmarks/gpu_pending_session14.sh 4   # bf16 error against float64, ours and fla, every shared op
 #                                                  # (normalized included: fla autotunes ~150 s)
 # Writes $OUT/pending14.log (every command's output under a header, the device line, the measured files' checksums).
-set -u
-PART=${1:-1}
-OUT=${OUT:-/tmp/pending}
-mkdir -p "$OUT"
-LOG="$OUT/pending14.log"
-run() {  # one command, its output into the log under a header with the command
-    echo "### $*" >> "$LOG"
-    timeout "${TMO:-300}" env "$@" >> "$LOG" 2>&1
-    echo "### rc=$?" >> "$LOG"
-}
-nvidia-smi --query-gpu=name,driver_version --format=csv,noheader >> "$LOG"
-python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" >> "$LOG" 2>&1
-md5sum ula/core/triton/*.py ula/core/op.py ula/ops/*.py ula/core/precision.py >> "$LOG"
-echo "### part $PART" >> "$LOG"
+NAME=pending14
+source "$(dirname "$0")/gpu_pending_common.sh"
 if [ "$PART" = 1 ]; then
 run python3 benchmarks/gpu_smoke.py --parts ones,families,repeat
 run python3 benchmarks/gpu_gsa_variants.py --variants default,o1_bf16+p2own,p2own,s_bf16,c64p2,p2acc

@@ -1,0 +1,16 @@
+# Sourced by benchmarks/gpu_pending_session*.sh with NAME set: $OUT/$NAME.log gets the device line, the library
+# versions, the measured files' checksums and the part; `run` appends one command's output under a header.
+set -u
+PART=${1:-1}
+OUT=${OUT:-/tmp/pending}
+mkdir -p "$OUT"
+LOG="$OUT/$NAME.log"
+run() {  # one command, its output into the log under a header with the command
+    echo "### $*" >> "$LOG"
+    timeout "${TMO:-300}" env "$@" >> "$LOG" 2>&1
+    echo "### rc=$?" >> "$LOG"
+}
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader >> "$LOG"
+python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" >> "$LOG" 2>&1
+md5sum ula/core/triton/*.py ula/core/op.py ula/ops/*.py ula/core/precision.py >> "$LOG"
+echo "### part $PART" >> "$LOG"
