@@ -70,8 +70,8 @@ def _split(state):
 
 
 # The matmul precision parts of (pass 1, pass 2) where the call gives none (ula/core/precision.py). With the
-# float32 handovers below, the CPU emulation of the H100's bf16 (benchmarks/results/bf16_error_study_gsa_cpu.txt,
-# session 14) puts o and every gradient below fla chunk_gsa's H100 error only with pass 2's backward states parts
+# float32 handovers below, the CPU emulation of the H100's bf16 (results/bf16_error_study_gsa_cpu_session14.txt in
+# benchmarks/) puts o and every gradient below fla chunk_gsa's H100 error only with pass 2's backward states parts
 # too (dg 3.63 -> 2.93e-3, fla 2.97); on the H100 those parts cost +0.04 ms (4.73 -> 4.77 ms in CUDA-graph replays,
 # results/gsa_passes_h100_session13.log).
 PASS_PRECISION = (("own_block",), ("own_block", "states_backward", "q_states_backward"))
@@ -117,8 +117,8 @@ def _fused_half(dtype, x, *widths, kw):
 def _first_pass(q, k, s, g, h1, scale, kw):
     """Pass 1. Half-precision inputs on the Triton kernels with a gate: o1 is taken in float32 (the core keeps it
     so for its right decay's gradient) and its gradient goes back in float32, where the public call rounded both
-    to bf16 (bf16 error vs float64 on the CPU emulation, benchmarks/results/bf16_error_study_gsa_cpu.txt: dq, dk
-    -0.15e-3), and three copies (o1 to bf16 and back, d o1 to bf16) are gone."""
+    to bf16 (bf16 error vs float64 on the CPU emulation, benchmarks/results/bf16_error_study_gsa_cpu_session14.txt:
+    dq 2.97 -> 2.80e-3, dk 2.96 -> 2.78e-3), and three copies (o1 to bf16 and back, d o1 to bf16) are gone."""
     if g is None or not _fused_half(q.dtype, q, q.shape[-1], s.shape[-1], kw=kw):
         return linear_attention(q, k, s, None, g, scale=scale, initial_state=h1, **kw)
     C = kw["chunk_size"] or chunk_fn(kw["backend"], q.device).pick_chunk(None, g)
