@@ -98,7 +98,7 @@ def core_cases(B=2, T=300, H=2, K=128, V=128, dtype=torch.bfloat16):
     """Forward+backward of ula.linear_attention the way a GPU runs them: every decay kind at K = V = 128, decays
     requiring gradients (a learnable constant one takes float32 matmuls), mLSTM's key gate, then reverse,
     varlen, a tiled chunk, a right decay, float16, K = 96 / V = 256, K = V = 100; mLSTMexp (its gate scan, the
-    normalizer inside the forward's kernels); normalized attention (L2 norm, epilogue); GSA's mixed-dtype second pass; context parallelism's entry
+    normalizer inside the forward's kernels); normalized attention (L2 norm, epilogue); GSA's mixed-dtype passes; context parallelism's entry
     term; and the decoding step kernel."""
     import torch.nn.functional as F
 
@@ -151,7 +151,8 @@ def core_cases(B=2, T=300, H=2, K=128, V=128, dtype=torch.bfloat16):
         o, S = ula.normalized_linear_attention(q, k, v, 1.0, torch.ones(H).requires_grad_(), output_final_state=True,
                                                backend="triton")
         (o.float().sum() + S.sum()).backward()
-        # GSA (64 slots): its second pass takes the softmax output in float32 beside bfloat16 s, v (ula/ops/gsa.py)
+        # GSA (64 slots): s in float32 beside bfloat16 q, k (pass 1) and v (pass 2), the softmax output in float32
+        # (ula/ops/gsa.py)
         q, k, v, s = r(B, T, H, K), r(B, T, H, K), r(B, T, H, V), r(B, T, H, 64)
         o, S = ula.gsa(q, k, v, s, lsig(B, T, H, 64), output_final_state=True, backend="triton")
         (o.float().sum() + S[0].sum() + S[1].sum()).backward()
