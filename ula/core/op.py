@@ -156,7 +156,8 @@ class _Eager(torch.autograd.Function):
 def run(q, k, v, ld, rd, h0, cu_seqlens, scale, reverse, chunk_size, backend, kg=None, prec=""):
     """(o, final state, o kept for a right decay's gradient): the custom op while compiling, else the eager
     autograd.Function (same functions inside). With a right decay the kept o is o in the compute dtype (float32
-    for half-precision inputs), differentiable like o: a caller may read it instead of o's rounded copy. prec: precision.encode's string of the matmul precision's parts."""
+    for half-precision inputs), differentiable like o: a caller may read it instead of o's rounded copy.
+    prec: precision.encode's string of the matmul precision's parts."""
     if torch.compiler.is_compiling():
         op = linear_attention_fwd
     else:
