@@ -152,20 +152,23 @@ def test_gsa_varlen():
 
 
 def test_gsa_bf16_passes_hand_over_float32(monkeypatch):
-    """bfloat16 inputs on the Triton kernels: the first pass hands its output to the softmax in float32 (the core's
-    kept o, differentiable) and the second pass takes the softmax output in float32 beside bf16 s, v (ula/ops/gsa.py,
+    """bfloat16 inputs on the Triton kernels: the first pass hands its output to the softmax in float32 (s enters
+    it in float32, so its output is float32 itself) and the second pass takes the softmax output in float32 beside bf16 s, v (ula/ops/gsa.py,
     roundings fewer); outputs and gradients against the float64 reference of the same values (bf16 storage error
     only: the interpreter's matmuls run in float32), varlen with initial and final states."""
     import importlib
     gsa_mod = importlib.import_module("ula.ops.gsa")  # the module (ula.ops.gsa is also the function's name)
     seed = fresh_seed()
-    seen = []
-    real_run = gsa_mod.run
-    def spy(x, *a):
-        out = real_run(x, *a)
-        seen.append((x.dtype, out[2].dtype if out[2].numel() else None))
-        return out
-    monkeypatch.setattr(gsa_mod, "run", spy)
+    seen, handed = [], []
+    real_run, real_first = gsa_mod.run, gsa_mod._first_pass
+    monkeypatch.setattr(gsa_mod, "run", lambda x, k, v, *a: seen.append((x.dtype, v.dtype)) or real_run(x, k, v, *a))
+
+    def first_pass(*a, **kw):
+        o1, S1 = real_first(*a, **kw)
+        handed.append(o1.dtype)
+        return o1, S1
+
+    monkeypatch.setattr(gsa_mod, "_first_pass", first_pass)
     cu = rand_cu()
     Tn, N = int(cu[-1]), len(cu) - 1
     inp = _gsa_inputs(1, Tn, N, False, True)
@@ -174,7 +177,9 @@ def test_gsa_bf16_passes_hand_over_float32(monkeypatch):
     errs = compare(lambda h0, **x: ula.gsa(**x, initial_state=h0, output_final_state=True, cu_seqlens=cu,
                                            chunk_size=CHUNK, backend="triton"),
                    lambda h0, **x: per_sequence(lambda h0, g, **y: _ref_gsa(h0, g, **y), cu, x, {}, h0), inp)
-    assert seen == [(torch.bfloat16, torch.float32), (torch.float32, None)], seen
+    # pass 1: bf16 q beside float32 s; pass 2: float32 p beside bf16 v; o1 handed over in float32
+    assert seen == [(torch.bfloat16, torch.float32), (torch.float32, torch.bfloat16)] and handed == [torch.float32], \
+        (seen, handed)
     check(errs, seed, tol=2e-2)
 
 

@@ -316,23 +316,26 @@ def test_tuned_stages_reach_the_launch(monkeypatch):
 
 
 @pytest.mark.parametrize("compiled", [False, True], ids=["eager", "custom_op"])
-def test_kept_output_carries_its_gradient(compiled, monkeypatch):
-    """With a right decay the core also returns o in the compute dtype (GSA's first pass reads it, float32 for bf16
-    inputs); a loss through both it and o gets the gradients of the sum of their cotangents, on the eager Function
-    and on the custom op that torch.compile traces (called directly here)."""
+def test_kept_output_carries_its_gradient(compiled):
+    """With a right decay and v narrower than the compute dtype (bfloat16 beside float32 q, k here) the core also
+    returns o in float32 (GSA's first pass reads it); a loss through both it and o gets the gradients of the sum of
+    their cotangents, on the eager Function and on the custom op that torch.compile traces (called directly here).
+    With v in float32 the output is that o and nothing is kept beside it (no copy)."""
     from ula.core import op
-    if compiled:
-        monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+    call = op.linear_attention_fwd if compiled else op._Eager.apply  # what op.run picks while compiling, or not
     seed = fresh_seed()
     q, k, v, _, rd, h0 = make_inputs("none", True, 1, 37, 2, 16, 16)
-    leaves = [x.clone().requires_grad_() for x in (q, k, v, rd)]
-    out, _, kept = op.run(*leaves[:3], None, leaves[3], h0, None, 16 ** -0.5, False, 16, "triton", None, "")
-    assert kept.shape == out.shape and kept.dtype == torch.float32
-    a, b = torch.randn_like(out), torch.randn_like(out)
-    ((out * a).sum() + (kept * b).sum()).backward()
+    v = v.bfloat16().float()  # bf16 values: the reference sees what the kernels read
+    leaves = [x.clone().requires_grad_() for x in (q, k, v.bfloat16(), rd)]
+    out, _, kept = call(*leaves[:3], None, leaves[3], h0, None, 16 ** -0.5, False, 16, "triton", None, "")
+    assert out.dtype == torch.bfloat16 and kept.shape == out.shape and kept.dtype == torch.float32
+    a, b = torch.randn_like(kept), torch.randn_like(kept)
+    ((out.float() * a).sum() + (kept * b).sum()).backward()
     ref = [x.double().clone().requires_grad_() for x in (q, k, v, rd)]
     o_r, _ = reference_linear_attention(*ref[:3], None, ref[3], scale=16 ** -0.5, initial_state=h0.double())
     (o_r * (a + b).double()).sum().backward()
-    errs = {"o": rel(out, o_r), "kept": rel(kept, o_r)}
-    errs.update({f"d{n}": rel(x.grad, r.grad) for n, x, r in zip("qkvr", leaves, ref)})
-    _check(errs, seed)
+    _check({"kept": rel(kept, o_r)}, seed)
+    # o stored in bfloat16, and so its gradient (a rounded) and dv
+    _check({"o": rel(out, o_r), **{f"d{n}": rel(x.grad, r.grad) for n, x, r in zip("qkvr", leaves, ref)}}, seed, TOL16)
+    out32, _, kept32 = call(q, k, v, None, rd, h0, None, 16 ** -0.5, False, 16, "triton", None, "")
+    assert kept32.numel() == 0 and op.o_for_grad(out32, kept32, rd) is out32

@@ -24,15 +24,27 @@ def _state_dtype(q):
     return torch.float64 if q.dtype == torch.float64 else torch.float32
 
 
+def _keeps_o(q, v, rd):
+    """Whether a call returns o in the compute dtype beside o in v's dtype: with a right decay (its gradient needs
+    o) where v's dtype is narrower; where it is the compute dtype, the returned o is that o, kept once."""
+    return rd is not None and v.dtype != _state_dtype(q)
+
+
+def o_for_grad(out, o_keep, rd):
+    """o in the compute dtype as a right decay's gradient needs it: the kept o, or the output itself where it is in
+    that dtype (nothing kept beside it); empty without a right decay."""
+    return out if rd is not None and not o_keep.numel() else o_keep
+
+
 def _forward(q, k, v, ld, rd, h0, cu_seqlens, scale, reverse, chunk_size, backend, kg=None, prec=""):
-    """Returns (o in the dtype of v, final state float32/float64, o in the compute dtype if rd is given
-    (the right-decay gradient needs it) else an empty tensor). prec: the matmul precision's parts (precision.py)."""
+    """Returns (o in the dtype of v, final state float32/float64, o in the compute dtype where `_keeps_o` else an
+    empty tensor). prec: the matmul precision's parts (precision.py)."""
     F = chunk_fn(backend, q.device)
     with precision.active(prec):
         o, S = forward_pass(F, q, k, v, ld, rd, h0, scale, cu_seqlens, reverse, chunk_size, kg)
     # outputs contiguous (as the fake implementation says) and not aliasing each other
     out = o.to(v.dtype).contiguous()
-    o_keep = (o.clone() if out.data_ptr() == o.data_ptr() else o.contiguous()) if rd is not None else o.new_empty(_EMPTY)
+    o_keep = o.contiguous() if _keeps_o(q, v, rd) else o.new_empty(_EMPTY)
     return out, S.to(_state_dtype(q)).contiguous(), o_keep
 
 
@@ -58,7 +70,7 @@ def _(q, k, v, ld, rd, h0, cu_seqlens, scale, reverse, chunk_size, backend, kg, 
     V = v.shape[-1]
     N = B if cu_seqlens is None else cu_seqlens.shape[0] - 1
     dt = _state_dtype(q)
-    o_keep = q.new_empty((B, T, H, V), dtype=dt) if rd is not None else q.new_empty(_EMPTY, dtype=dt)
+    o_keep = q.new_empty((B, T, H, V), dtype=dt) if _keeps_o(q, v, rd) else q.new_empty(_EMPTY, dtype=dt)
     return q.new_empty((B, T, H, V), dtype=v.dtype), q.new_empty((N, H, K, V), dtype=dt), o_keep
 
 
@@ -79,7 +91,7 @@ def _(q, k, v, ld, rd, h0, o, do, dS, cu_seqlens, scale, reverse, chunk_size, ba
 
 def _setup_context(ctx, inputs, output):
     q, k, v, ld, rd, h0, cu_seqlens, scale, reverse, chunk_size, backend, kg, prec = inputs
-    ctx.save_for_backward(q, k, v, ld, rd, h0, output[2], cu_seqlens, kg)
+    ctx.save_for_backward(q, k, v, ld, rd, h0, o_for_grad(output[0], output[2], rd), cu_seqlens, kg)
     ctx.cfg = (scale, reverse, chunk_size, backend, prec)
 
 
@@ -155,8 +167,9 @@ class _Eager(torch.autograd.Function):
 
 def run(q, k, v, ld, rd, h0, cu_seqlens, scale, reverse, chunk_size, backend, kg=None, prec=""):
     """(o, final state, o kept for a right decay's gradient): the custom op while compiling, else the eager
-    autograd.Function (same functions inside). With a right decay the kept o is o in the compute dtype (float32
-    for half-precision inputs), differentiable like o: a caller may read it instead of o's rounded copy.
+    autograd.Function (same functions inside). With a right decay and v narrower than the compute dtype (float32 for
+    half-precision inputs) the kept o is o in that dtype, differentiable like o: a caller may read it instead of o's
+    rounded copy (`o_for_grad` picks whichever of the two is in the compute dtype).
     prec: precision.encode's string of the matmul precision's parts."""
     if torch.compiler.is_compiling():
         op = linear_attention_fwd
@@ -175,6 +188,6 @@ def dry_call(q, k, v, ld, rd, h0, cu_seqlens, scale, reverse, chunk_size, backen
     """The eager call's forward and (with grad) backward, for precompile.py's dry run (nothing it returns is read)."""
     out, _, o_keep = _forward(q, k, v, ld, rd, h0, cu_seqlens, scale, reverse, chunk_size, backend, kg, prec)
     if grad:
-        _backward_impl(q, k, v, ld, rd, h0, o_keep, torch.empty_like(out), None, cu_seqlens, scale, reverse,
-                       chunk_size, backend, ld is not None and ld.requires_grad, rd is not None and rd.requires_grad,
-                       kg, prec)
+        _backward_impl(q, k, v, ld, rd, h0, o_for_grad(out, o_keep, rd), torch.empty_like(out), None, cu_seqlens,
+                       scale, reverse, chunk_size, backend, ld is not None and ld.requires_grad,
+                       rd is not None and rd.requires_grad, kg, prec)

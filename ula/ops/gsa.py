@@ -18,7 +18,7 @@ import torch
 from ..core import linear_attention
 from ..core.api import _pad_to_16
 from ..core.backends import chunk_fn, runs_fused
-from ..core.op import run
+from ..core.op import o_for_grad, run
 from ..core.precision import call_code, parse
 from ..core.time_scan import scan_time
 from ._checks import (check_float, check_sequence, check_state_tuple, check_step_qkv, num_sequences)
@@ -115,17 +115,18 @@ def _fused_half(dtype, x, *widths, kw):
 
 
 def _first_pass(q, k, s, g, h1, scale, kw):
-    """Pass 1. Half-precision inputs on the Triton kernels with a gate: o1 is taken in float32 (the core keeps it
-    so for its right decay's gradient) and its gradient goes back in float32, where the public call rounded both
-    to bf16 (bf16 error vs float64 on the CPU emulation, benchmarks/results/bf16_error_study_gsa_cpu_session14.txt:
-    dq 2.97 -> 2.80e-3, dk 2.96 -> 2.78e-3), and three copies (o1 to bf16 and back, d o1 to bf16) are gone."""
+    """Pass 1. Half-precision inputs on the Triton kernels with a gate: o1 is taken in float32 (the core's output
+    itself where s is float32, else the o it keeps for its right decay's gradient) and its gradient goes back in
+    float32, where the public call rounded both to bf16 (bf16 error vs float64 on the CPU emulation,
+    benchmarks/results/bf16_error_study_gsa_cpu_session14.txt: dq 2.97 -> 2.80e-3, dk 2.96 -> 2.78e-3), and three
+    copies (o1 to bf16 and back, d o1 to bf16) are gone."""
     if g is None or not _fused_half(q.dtype, q, q.shape[-1], s.shape[-1], kw=kw):
         return linear_attention(q, k, s, None, g, scale=scale, initial_state=h1, **kw)
     C = kw["chunk_size"] or chunk_fn(kw["backend"], q.device).pick_chunk(None, g)
     scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
     prec = call_code(kw["precision"], (), "gsa: precision")
-    _, S, o1 = run(q, k, s, None, g, h1, kw["cu_seqlens"], scale, False, C, kw["backend"], None, prec)
-    return o1, (S if kw["output_final_state"] else None)
+    out, S, kept = run(q, k, s, None, g, h1, kw["cu_seqlens"], scale, False, C, kw["backend"], None, prec)
+    return o_for_grad(out, kept, g), (S if kw["output_final_state"] else None)
 
 
 def _second_pass(p, s, v, g, h2, dtype, kw):
