@@ -11,7 +11,7 @@ Prints the relative error of the output and of every gradient.
 v normal, s = randn, g = logsigmoid(randn + 4) of --m slots; held at bf16 values). --bf16: the inputs as bfloat16
 tensors (g float32), as on a GPU: then the kernels' outputs and what gsa.py passes between its two core calls are
 rounded to bf16 as there (the interpreter still computes the dots in float32, operands rounded to bf16); this
-reproduces the H100's GSA errors within ~3% (benchmarks/results/bf16_error_study_gsa_cpu.txt). 
+reproduces the H100's GSA errors within ~3% (benchmarks/results/bf16_error_study_gsa_cpu.txt).
 --variant (gsa): one variant of benchmarks/gpu_gsa_variants.py (its switches, so the CPU and the GPU study the same
 thing); the session-12 study's `gsa_study` (gsa.py of that time spelled out) is gone with that code.
 ULA_TF32_TRUNC=1 makes the emulated tf32 parts truncate as the H100 does (ula/core/triton/utils.py).

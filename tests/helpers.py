@@ -90,3 +90,16 @@ def constant_decay_error(g, g_ref, q, dq, k, dk, extra=None):
 
 # mixer sizes small enough for CPU tests of layers and models
 SMALL_MIXER_KWARGS = {"gsa": dict(num_slots=8), "mamba2": dict(d_state=8)}
+
+
+def emulated_bf16_errors(*args, **env):
+    """benchmarks/cpu_bf16_error.py run with `args` under the interpreter with emulated bf16 matmuls
+    (ULA_EMULATE_BF16=1) and `env` added: its last line as {tensor name: relative error against float64}."""
+    import subprocess
+    import sys
+    script = os.path.join(os.path.dirname(__file__), "..", "benchmarks", "cpu_bf16_error.py")
+    env = dict(os.environ, ULA_EMULATE_BF16="1", TRITON_INTERPRET="1", **env)
+    out = subprocess.run([sys.executable, script, *args], env=env, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-2000:]
+    words = out.stdout.strip().splitlines()[-1].split(": ")[-1].split()
+    return dict(zip(words[::2], map(float, words[1::2])))

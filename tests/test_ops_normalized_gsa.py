@@ -5,7 +5,7 @@ import torch
 import torch.nn.functional as F
 
 import ula
-from helpers import fresh_seed, rel
+from helpers import emulated_bf16_errors, fresh_seed, rel
 from test_ops_refs import (CHUNK, SHAPE, check, compare, per_sequence, rand_cu, ref_abc, ref_gsa,
                            ref_normalized)
 
@@ -153,9 +153,9 @@ def test_gsa_varlen():
 
 def test_gsa_bf16_passes_hand_over_float32(monkeypatch):
     """bfloat16 inputs on the Triton kernels: the first pass hands its output to the softmax in float32 (s enters
-    it in float32, so its output is float32 itself) and the second pass takes the softmax output in float32 beside bf16 s, v (ula/ops/gsa.py,
-    roundings fewer); outputs and gradients against the float64 reference of the same values (bf16 storage error
-    only: the interpreter's matmuls run in float32), varlen with initial and final states."""
+    it in float32, so its output is float32 itself) and the second pass takes the softmax output in float32 beside
+    bf16 v (ula/ops/gsa.py, roundings fewer); outputs and gradients against the float64 reference of the same values
+    (bf16 storage error only: the interpreter's matmuls run in float32), varlen with initial and final states."""
     import importlib
     gsa_mod = importlib.import_module("ula.ops.gsa")  # the module (ula.ops.gsa is also the function's name)
     seed = fresh_seed()
@@ -236,18 +236,8 @@ def test_gsa_float32_handovers_lower_the_errors():
     emulated bf16 matmuls and bf16 storage (benchmarks/cpu_bf16_error.py --bf16): dq and dk drop (over 12 seeds by
     5-11%), ds by 17-24%."""
     import os
-    import subprocess
-    import sys
-    script = os.path.join(os.path.dirname(__file__), "..", "benchmarks", "cpu_bf16_error.py")
     seed = str(int.from_bytes(os.urandom(2), "little"))
-    env = dict(os.environ, ULA_EMULATE_BF16="1", TRITON_INTERPRET="1", ULA_TF32_TRUNC="1")
-    errs = []
-    for variant in ("default", "o1_bf16"):
-        out = subprocess.run([sys.executable, script, "--op", "gsa", "--m", "32", "--bf16", "--shape", "1,160,1,32,32",
-                              "--seed", seed, "--variant", variant], env=env, capture_output=True, text=True,
-                             timeout=600)
-        assert out.returncode == 0, out.stderr[-2000:]
-        words = out.stdout.split(": ")[-1].split()
-        errs.append(dict(zip(words[::2], map(float, words[1::2]))))
+    errs = [emulated_bf16_errors("--op", "gsa", "--m", "32", "--bf16", "--shape", "1,160,1,32,32", "--seed", seed,
+                                 "--variant", variant, ULA_TF32_TRUNC="1") for variant in ("default", "o1_bf16")]
     new, old = errs
     assert new["dq"] < 0.99 * old["dq"] and new["dk"] < 0.99 * old["dk"] and new["ds"] < 0.9 * old["ds"], (errs, seed)

@@ -12,7 +12,7 @@ import torch.nn.functional as F
 pytest.importorskip("triton")
 
 import ula  # noqa: E402
-from helpers import compare_with_reference, fresh_seed, make_inputs, rel  # noqa: E402
+from helpers import compare_with_reference, emulated_bf16_errors, fresh_seed, make_inputs, rel  # noqa: E402
 from ula.core.triton import output, state, utils  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -289,18 +289,10 @@ def test_gla_accurate_lowers_every_error():
     (benchmarks/cpu_bf16_error.py --bf16, the GPU test's gates): the error of o and every gradient against float64
     drops, dg's by ~3x (on the H100: o 3.30 -> 2.43e-3, dg 3.91 -> 1.77e-3, RESULTS.md session 13)."""
     import os
-    import subprocess
-    import sys
-    script = os.path.join(os.path.dirname(__file__), "..", "benchmarks", "cpu_bf16_error.py")
     seed = str(int.from_bytes(os.urandom(2), "little"))
-    errs = []
-    for choice in ("fast", "accurate"):
-        env = dict(os.environ, ULA_EMULATE_BF16="1", TRITON_INTERPRET="1", ULA_PRECISION=choice)
-        out = subprocess.run([sys.executable, script, "--op", "gla", "--bf16", "--gpu-inputs", "--shape",
-                              "1,96,1,32,32", "--chunk", "32", "--seed", seed], env=env, capture_output=True,
-                             text=True, timeout=600)
-        assert out.returncode == 0, out.stderr[-2000:]
-        errs.append([float(x) for x in out.stdout.split()[-9::2]])  # o dq dk dv dg
+    errs = [list(emulated_bf16_errors("--op", "gla", "--bf16", "--gpu-inputs", "--shape", "1,96,1,32,32", "--chunk",
+                                      "32", "--seed", seed, ULA_PRECISION=choice).values())  # o dq dk dv dg
+            for choice in ("fast", "accurate")]
     (o0, *g0), (o1, *g1) = errs
     assert all(b < 0.85 * a for a, b in zip([o0] + g0, [o1] + g1)), (errs, seed)
     assert g1[-1] < 0.5 * g0[-1], (errs, seed)

@@ -8,8 +8,8 @@ import torch
 pytest.importorskip("triton")
 
 import ula  # noqa: E402
-from helpers import (KINDS, compare_with_reference, constant_decay_error, fresh_seed, log_decay,  # noqa: E402
-                     make_inputs, rel)
+from helpers import (KINDS, compare_with_reference, constant_decay_error, emulated_bf16_errors,  # noqa: E402
+                     fresh_seed, log_decay, make_inputs, rel)
 from ula.core.autograd import canonical_left  # noqa: E402
 from ula.core.chunk_torch import chunk_recurrence  # noqa: E402
 from ula.core.reference import reference_linear_attention  # noqa: E402
@@ -267,16 +267,8 @@ def test_launch_falls_back_to_fewer_stages_where_shared_memory_is_short():
 def test_bf16_emulation_rounds_matmul_operands():
     """ULA_EMULATE_BF16=1 (a precision study tool, benchmarks/cpu_bf16_error.py): the interpreter rounds matmul
     operands to bfloat16, so float32 inputs miss float64 by a bf16-sized error, not a float32-sized one."""
-    import os
-    import subprocess
-    import sys
-    env = dict(os.environ, ULA_EMULATE_BF16="1", TRITON_INTERPRET="1")
-    script = os.path.join(os.path.dirname(__file__), "..", "benchmarks", "cpu_bf16_error.py")
-    out = subprocess.run([sys.executable, script, "--op", "scalar", "--shape", "1,40,1,16,16"], env=env,
-                         capture_output=True, text=True, timeout=300)
-    assert out.returncode == 0, out.stderr[-2000:]
-    errs = [float(x) for x in out.stdout.split()[-9::2]]  # o dq dk dv dg
-    assert all(3e-4 < e < 3e-2 for e in errs), out.stdout
+    errs = emulated_bf16_errors("--op", "scalar", "--shape", "1,40,1,16,16")  # o dq dk dv dg
+    assert len(errs) == 5 and all(3e-4 < e < 3e-2 for e in errs.values()), errs
 
 
 @pytest.mark.parametrize("right", [False, True], ids=["left", "right"])
