@@ -9,7 +9,7 @@ dq 2.89, dk 2.96, dv 2.85, ds 2.73, dg 2.97).
 Variants: default (ula.gsa as it is: gsa.PASS_PRECISION, the float32 handovers); fast, accurate (ula.set_precision's
 presets for every matmul, ula/core/precision.py); p_bf16 (the softmax output rounded to bf16 before pass 2, as before
 session 12); o1_bf16 (pass 1's output and its gradient rounded to bf16 between the passes, s in bf16: before session
-14); s_bf16 (s in bf16 for both passes, its two gradients rounded and summed in bf16: before session 14); c64p2
+14); s_wide (s in float32 for both passes, its two gradients summed before one rounding: session 14's default); c64p2
 (chunk 64 for pass 2 only); p1acc, p2acc ("accurate" for pass 1 or pass 2 only, the other at GSA's default); p2own
 (pass 2 at own_block alone: session 13's default, which was o1_bf16+p2own); p2=part.part (pass 2 at those precision
 parts, ula/core/precision.py); '+' combines them. One JSON line per variant."""
@@ -53,7 +53,7 @@ def apply(variant):
     """Set gsa.py's switches for one variant ('+'-joined parts, see the module docstring); "default" restores them."""
     parts = set(variant.split("+"))
     gsa_mod._first_pass = _o1_bf16 if "o1_bf16" in parts else _first_pass
-    gsa_mod.WIDE_S = "s_bf16" not in parts and "o1_bf16" not in parts
+    gsa_mod.WIDE_S = "s_wide" in parts and "o1_bf16" not in parts
     gsa_mod._second_pass = _p_bf16 if "p_bf16" in parts else _c64 if "c64p2" in parts else _second_pass
     p1, p2 = _PASS_PRECISION
     p1 = "accurate" if "p1acc" in parts else ("own_block",) if "p1own" in parts else p1

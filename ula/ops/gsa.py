@@ -75,10 +75,11 @@ def _split(state):
 # too (dg 3.63 -> 2.93e-3, fla 2.97); on the H100 those parts cost +0.04 ms (4.73 -> 4.77 ms in CUDA-graph replays,
 # results/gsa_passes_h100_session13.log).
 PASS_PRECISION = (("own_block",), ("own_block", "states_backward", "q_states_backward"))
-# s in float32 where both passes run fused in half precision: its two gradients (pass 1's dv, pass 2's dk) come out
-# float32 and are summed before one rounding, where they were rounded to bf16 each and summed in bf16 (emulation:
-# ds 2.83 -> 2.29e-3); the kernels read s in float32.
-WIDE_S = True
+# WIDE_S: s in float32 where both passes run fused in half precision, so its two gradients (pass 1's dv, pass 2's
+# dk) come out float32 and are summed before one rounding. It lowers ds's bf16 error (H100 2.75 -> 2.19e-3) but
+# costs 0.22 ms of 4.86 (the casts and the kernels' float32 reads: H100 B2 T8192 H16 m=64 f+b in CUDA-graph replays
+# 4.64 -> 4.86 ms, benchmarks/results/pending14_h100_session15.log), so it is off.
+WIDE_S = False
 
 
 def gsa(q, k, v, s=None, g=None, *, scale=None, initial_state=None, output_final_state=False, cu_seqlens=None,

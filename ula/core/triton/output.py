@@ -487,12 +487,14 @@ def chunk_output(q, k, v, b, c, border, h0, scale, layout, reverse, dot, out_dty
     # A column of ones (forward) or a rank-one term (dQ, dK) keeps the scores live: at 4 warps 64-row tiles spill
     # ~460 / ~200 B per thread on sm_90 (tests/offline_compile.py), none at 8, yet 4 warps are faster: H100 B2 T8192
     # H16 K=V=128 chunk 128, forward / dQ / dK 0.306 / 0.317 / 0.358 ms at 8 warps, 0.201 / 0.264 / 0.302 at 4
-    # (benchmarks/results/ones_warps_h100_session12.txt). But the forward at 4 warps (64 x 64 x 128 or 64 x 64 x 64
-    # tiles) gives o that differs from call to call on identical inputs at that shape (Triton 3.6, H100: a
-    # miscompile, as no two programs share an output; mLSTMexp's output error 3.9e-2 against 3e-3), and at 8 warps
-    # the same o every call (benchmarks/results/ones_race_h100_session13.log): the forward takes 8 warps.
+    # (benchmarks/results/ones_warps_h100_session12.txt). But the forward at 4 warps with Triton's default pipelining
+    # (64 x 64 x 128 or 64 x 64 x 64 tiles) gives o that differs from call to call on identical inputs at that shape
+    # (Triton 3.6, H100: a miscompile, as no two programs share an output; mLSTMexp's output error 3.9e-2 against
+    # 3e-3, benchmarks/results/ones_race_h100_session13.log). One stage (no software pipelining) gives the same o
+    # every call at 4 warps, with 2 it differs again; 4 warps 1 stage against 8 warps: forward 0.211 against 0.306 ms,
+    # mLSTMexp / mLSTMsig f+b 1.29 against 1.42 (benchmarks/results/pending14_h100_session15.log).
     if den is not None and not is_tuned(name):
-        W = max(W, 8)
+        stages = 1
     if h0 is not None and h0.dtype != border.dtype:
         # read like the border states (the matmul rounds both to its operand type alike)
         h0 = h0.to(border.dtype)
