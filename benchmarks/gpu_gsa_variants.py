@@ -4,15 +4,15 @@ and the bf16 error of o and every gradient against float64 at the quality test's
 gradient as benchmarks/gpu_hardening.py's quality test, so fla's numbers there compare: session 11, H100, o 3.19e-3,
 dq 2.89, dk 2.96, dv 2.85, ds 2.73, dg 2.97).
 
-    python3 benchmarks/gpu_gsa_variants.py [--variants default,fast,accurate,p_bf16,c64p2,accurate+c64p2]
+    python3 benchmarks/gpu_gsa_variants.py [--variants default,fast,accurate,p_bf16,c128p2,accurate+c128p2]
 
 Variants: default (ula.gsa as it is: gsa.PASS_PRECISION, the float32 handovers); fast, accurate (ula.set_precision's
 presets for every matmul, ula/core/precision.py); p_bf16 (the softmax output rounded to bf16 before pass 2, as before
 session 12); o1_bf16 (pass 1's output and its gradient rounded to bf16 between the passes, s in bf16: before session
-14); s_wide (s in float32 for both passes, its two gradients summed before one rounding: session 14's default); c64p2
-(chunk 64 for pass 2 only); p1acc, p2acc ("accurate" for pass 1 or pass 2 only, the other at GSA's default); p2own
-(pass 2 at own_block alone: session 13's default, which was o1_bf16+p2own); p2=part.part (pass 2 at those precision
-parts, ula/core/precision.py); '+' combines them. One JSON line per variant."""
+14); s_wide (s in float32 for both passes, its two gradients summed before one rounding: session 14's default); c128p2
+(chunk 128 for pass 2 too where m <= 64, as before session 15); p1acc, p2acc ("accurate" for pass 1 or pass 2 only,
+the other at GSA's default); p2own (pass 2 at own_block alone: session 13's default, which was o1_bf16+p2own);
+p2=part.part (pass 2 at those precision parts, ula/core/precision.py); '+' combines them. One JSON line per variant."""
 import argparse
 import importlib
 import json
@@ -37,11 +37,8 @@ def _p_bf16(p, s, v, g, h2, dtype, kw):
     return linear_attention(p.to(dtype), s.to(dtype), v, g, None, scale=1.0, initial_state=h2, **kw)
 
 
-def _c64(p, s, v, g, h2, dtype, kw):
-    return _second_pass(p, s, v, g, h2, dtype, dict(kw, chunk_size=64))
-
-
 _PASS_PRECISION = gsa_mod.PASS_PRECISION
+_SMALL_M_CHUNKS, _WIDE_S = gsa_mod.SMALL_M_CHUNKS, gsa_mod.WIDE_S
 _first_pass = gsa_mod._first_pass
 
 
@@ -53,8 +50,9 @@ def apply(variant):
     """Set gsa.py's switches for one variant ('+'-joined parts, see the module docstring); "default" restores them."""
     parts = set(variant.split("+"))
     gsa_mod._first_pass = _o1_bf16 if "o1_bf16" in parts else _first_pass
-    gsa_mod.WIDE_S = "s_wide" in parts and "o1_bf16" not in parts
-    gsa_mod._second_pass = _p_bf16 if "p_bf16" in parts else _c64 if "c64p2" in parts else _second_pass
+    gsa_mod.WIDE_S = ("s_wide" in parts or _WIDE_S) and "o1_bf16" not in parts
+    gsa_mod._second_pass = _p_bf16 if "p_bf16" in parts else _second_pass
+    gsa_mod.SMALL_M_CHUNKS = (128, 128) if "c128p2" in parts else _SMALL_M_CHUNKS
     p1, p2 = _PASS_PRECISION
     p1 = "accurate" if "p1acc" in parts else ("own_block",) if "p1own" in parts else p1
     p2 = "accurate" if "p2acc" in parts else ("own_block",) if "p2own" in parts else p2
@@ -77,7 +75,7 @@ def errors(B, T, H, K, V, dev="cuda"):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--variants", default="default,fast,accurate,p_bf16,c64p2")
+    ap.add_argument("--variants", default="default,fast,accurate,p_bf16,c128p2")
     ap.add_argument("--shape", default="2,8192,16,128,128")
     ap.add_argument("--q-shape", default="2,2048,16,128,128")
     ap.add_argument("--cpu-smoke", action="store_true", help="errors only, on the CPU (Triton's interpreter)")

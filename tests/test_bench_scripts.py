@@ -88,19 +88,20 @@ BENCH = os.path.join(os.path.dirname(__file__), "..", "benchmarks")
 
 def test_gsa_variants_cpu_smoke_takes_each_variant():
     """benchmarks/gpu_gsa_variants.py --cpu-smoke (the interpreter, emulated bf16 matmuls): each variant changes
-    the errors where it should (p_bf16, o1_bf16: more roundings; fast: the own block back in bf16), and the default
-    is restored after the run."""
+    the errors where it should (p_bf16, o1_bf16: more roundings; fast: the own block back in bf16; s_wide: s's
+    gradients summed in float32), and the default is restored after the run."""
     env = dict(os.environ, TRITON_INTERPRET="1", ULA_EMULATE_BF16="1")
     r = subprocess.run([sys.executable, os.path.join(BENCH, "gpu_gsa_variants.py"), "--cpu-smoke", "--q-shape",
-                        "1,40,1,16,16", "--variants", "default,p_bf16,fast,o1_bf16,default"], env=env,
+                        "1,40,1,16,16", "--variants", "default,p_bf16,fast,o1_bf16,s_wide,default"], env=env,
                        capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-2000:]
     errs = {}
-    for i, line in enumerate(r.stdout.strip().splitlines()[-5:]):
+    for i, line in enumerate(r.stdout.strip().splitlines()[-6:]):
         name, rest = line.split(" ", 1)
         errs[(i, name)] = eval(rest)  # the script prints a dict of floats
-    default, p_bf16, fast, o1_bf16, again = errs.values()
+    default, p_bf16, fast, o1_bf16, s_wide, again = errs.values()
     assert p_bf16 != default and fast != default and o1_bf16 != default and again == default, errs
+    assert s_wide["ds"] != default["ds"], errs
 
 
 def test_families_graph_flag_adds_graph_checks(tmp_path):

@@ -141,6 +141,21 @@ def test_gsa(tied, h0):
     check(errs, seed)
 
 
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+def test_gsa_default_chunks(monkeypatch, backend):
+    """No chunk_size and m <= 64 slots: pass 1 at chunk 128, pass 2 at 64 (gsa.SMALL_M_CHUNKS), T a multiple of
+    neither, with initial and final states, against the float64 reference."""
+    import importlib
+    gsa_mod = importlib.import_module("ula.ops.gsa")  # the module (ula.ops.gsa is also the function's name)
+    seed = fresh_seed()
+    chunks, real = [], gsa_mod.linear_attention
+    monkeypatch.setattr(gsa_mod, "linear_attention", lambda *a, **kw: chunks.append(kw["chunk_size"]) or real(*a, **kw))
+    errs = compare(lambda h0, **x: ula.gsa(**x, initial_state=h0, output_final_state=True, backend=backend),
+                   _ref_gsa, _gsa_inputs(2, 300, 2, False, True))
+    assert set(chunks) == {128, 64} and chunks[:2] == [128, 64], chunks
+    check(errs, seed)
+
+
 def test_gsa_varlen():
     seed = fresh_seed()
     cu = rand_cu()
@@ -152,10 +167,11 @@ def test_gsa_varlen():
 
 
 def test_gsa_bf16_passes_hand_over_float32(monkeypatch):
-    """bfloat16 inputs on the Triton kernels: the first pass hands its output to the softmax in float32 (the o the
-    core keeps in float32 for its right decay's gradient) and the second pass takes the softmax output in float32
-    beside bf16 v (ula/ops/gsa.py, roundings fewer); outputs and gradients against the float64 reference of the same values
-    (bf16 storage error only: the interpreter's matmuls run in float32), varlen with initial and final states."""
+    """bfloat16 inputs on the Triton kernels: the first pass hands its output to the softmax in float32 (the o the core
+    keeps in float32 for its right decay's gradient) and the second pass takes the softmax output in float32
+    beside bf16 v (ula/ops/gsa.py, roundings fewer); outputs and gradients against the float64 reference of the
+    same values (bf16 storage error only: the interpreter's matmuls run in float32), varlen with initial and final
+    states."""
     import importlib
     gsa_mod = importlib.import_module("ula.ops.gsa")  # the module (ula.ops.gsa is also the function's name)
     seed = fresh_seed()

@@ -69,17 +69,24 @@ def _split(state):
     return state
 
 
-# The matmul precision parts of (pass 1, pass 2) where the call gives none (ula/core/precision.py). With the
-# float32 handovers below, the CPU emulation of the H100's bf16 (results/bf16_error_study_gsa_cpu_session14.txt in
-# benchmarks/) puts o and every gradient below fla chunk_gsa's H100 error only with pass 2's backward states parts
-# too (dg 3.63 -> 2.93e-3, fla 2.97); on the H100 those parts cost +0.04 ms (4.73 -> 4.77 ms in CUDA-graph replays,
-# results/gsa_passes_h100_session13.log).
+# The matmul precision parts of (pass 1, pass 2) where the call gives none (ula/core/precision.py), chosen by bf16
+# error against fla chunk_gsa's on the quality test's inputs (H100: o 3.19, dq 2.89, dk 2.96, dv 2.85, ds 2.73,
+# dg 2.97e-3, benchmarks/results/pending15_h100_session15.log). Pass 2's backward states parts take dg under fla's
+# (3.69 -> 2.91e-3, H100). Its split keys would take ds under fla's too (2.75 -> 2.58e-3) but cost 0.20 ms
+# (4.62 -> 4.82 ms): pass 2's chunk below does it for less.
 PASS_PRECISION = (("own_block",), ("own_block", "states_backward", "q_states_backward"))
 # WIDE_S: s in float32 where both passes run fused in half precision, so its two gradients (pass 1's dv, pass 2's
 # dk) come out float32 and are summed before one rounding. It lowers ds's bf16 error (H100 2.75 -> 2.19e-3) but
-# costs 0.22 ms of 4.86 (the casts and the kernels' float32 reads: H100 B2 T8192 H16 m=64 f+b in CUDA-graph replays
+# costs 0.22 ms (the casts and the kernels' float32 reads: H100 B2 T8192 H16 m=64 f+b in CUDA-graph replays
 # 4.64 -> 4.86 ms, benchmarks/results/pending14_h100_session15.log), so it is off.
 WIDE_S = False
+# (pass 1, pass 2) chunk sizes for m <= 64 slots, where the call gives none. Small states, whose sequential steps
+# dominate: chunk 128 halves them (H100 B2 T8192 H16 m=64 f+b 4.90 -> 4.77 ms,
+# results/tile_sweep_h100_session10_gsa_c128.json). Pass 2 at 64 lowers every bf16 error in the CPU emulation of
+# the H100's bf16 (which reproduces the H100's within 2.5%, results/bf16_error_study_gsa_cpu_session15.txt): ds
+# under fla's (2.74 -> 2.64e-3, fla 2.73), dg most (2.93 -> 1.87e-3). Its cost, measured with s in float32, was
+# 0.09 ms (4.86 -> 4.95, results/pending14_h100_session15.log); with s in bf16 it is still to be measured.
+SMALL_M_CHUNKS = (128, 64)
 
 
 def gsa(q, k, v, s=None, g=None, *, scale=None, initial_state=None, output_final_state=False, cu_seqlens=None,
@@ -96,16 +103,15 @@ def gsa(q, k, v, s=None, g=None, *, scale=None, initial_state=None, output_final
         parse(precision, "gsa: precision")
     p1, p2 = PASS_PRECISION if precision is None else (precision, precision)
     h1, h2 = _split(initial_state)
-    # m <= 64 slots: small states, whose sequential steps dominate; chunk 128 halves them (H100 B2 T8192 H16 m=64
-    # f+b 4.90 -> 4.77 ms, tile_sweep_h100_session10_gsa_c128.json)
+    c1 = c2 = chunk_size
     if chunk_size is None and (s if s is not None else g).shape[-1] <= 64:
-        chunk_size = 128
-    kw = dict(output_final_state=output_final_state, cu_seqlens=cu_seqlens, chunk_size=chunk_size, backend=backend)
+        c1, c2 = SMALL_M_CHUNKS
+    kw = dict(output_final_state=output_final_state, cu_seqlens=cu_seqlens, chunk_size=c1, backend=backend)
     wide = g is not None and _fused_half(q.dtype, q, q.shape[-1], g.shape[-1], v.shape[-1], kw=kw) and WIDE_S
     s, g = _prep(q, s, g, wide)
     o1, S1 = _first_pass(q, k, s, g, h1, scale, dict(kw, precision=p1))
     p = torch.softmax(o1.to(decay_dtype(q)), -1)
-    o, S2 = _second_pass(p, s, v, g, h2, q.dtype, dict(kw, precision=p2))
+    o, S2 = _second_pass(p, s, v, g, h2, q.dtype, dict(kw, precision=p2, chunk_size=c2))
     return o, ((S1, S2) if output_final_state else None)
 
 

@@ -491,9 +491,10 @@ def chunk_output(q, k, v, b, c, border, h0, scale, layout, reverse, dot, out_dty
     # (64 x 64 x 128 or 64 x 64 x 64 tiles) gives o that differs from call to call on identical inputs at that shape
     # (Triton 3.6, H100: a miscompile, as no two programs share an output; mLSTMexp's output error 3.9e-2 against
     # 3e-3, benchmarks/results/ones_race_h100_session13.log). One stage (no software pipelining) gives the same o
-    # every call at 4 warps, with 2 it differs again; 4 warps 1 stage against 8 warps: forward 0.211 against 0.306 ms,
-    # mLSTMexp / mLSTMsig f+b 1.29 against 1.42 (benchmarks/results/pending14_h100_session15.log).
-    if den is not None and not is_tuned(name):
+    # every call at 4 warps, with 2 it differs again. One stage for all three: forward / dQ / dK 0.211 / 0.222 /
+    # 0.254 ms against 0.306 (8 warps) / 0.263 / 0.302, mLSTMexp / mLSTMsig f+b 1.29 against 1.42 in CUDA-graph
+    # replays (ULA_TUNE_OUTPUT=64,64,128,4,1 in benchmarks/results/pending14_h100_session15.log).
+    if (den is not None or r1) and not is_tuned(name):
         stages = 1
     if h0 is not None and h0.dtype != border.dtype:
         # read like the border states (the matmul rounds both to its operand type alike)
