@@ -95,6 +95,7 @@ def gsa(q, k, v, s=None, g=None, *, scale=None, initial_state=None, output_final
     s, g [B, T, H, m]. States (K̃ᵀ [B, H, K, m], Ṽ [B, H, m, V]) float32 ([N, ...] with cu_seqlens).
     precision: the core's matmul precision for half-precision inputs in both passes (ula/core/precision.py;
     `ula.set_precision` overrides it); None takes PASS_PRECISION, each pass its own measured parts.
+    chunk_size: both passes'; None takes SMALL_M_CHUNKS (pass 1, pass 2) for m <= 64 slots, the core's otherwise.
     Returns (o [B, T, H, V], final state tuple or None)."""
     check_sequence(q, k, v, cu_seqlens, chunk_size, backend, scale)
     _check_gsa("gsa", q, v, s, g, initial_state, num_sequences(q, cu_seqlens), "B" if cu_seqlens is None else "N",
