@@ -3,7 +3,9 @@
 #     bash benchmarks/gpu_pending_session16.sh 1   # the ones' dQ and dK passes at 1 stage too (the forward was
 #                                                  # checked in session 15): repeated calls bitwise the same at
 #                                                  # several shapes, forward and gradients; smoke; the state/output
-#                                                  # calls' times; our families (mLSTMexp / mLSTMsig), graph replays
+#                                                  # calls' times; the normalized epilogue end to end and its tile
+#                                                  # sweep (its chunk and tiles were never kept); our families
+#                                                  # (mLSTMexp / mLSTMsig, normalized / linear), graph replays
 #     bash benchmarks/gpu_pending_session16.sh 2   # GSA with pass 2 at chunk 64 (the default now) against 128:
 #                                                  # error and time; then GSA and GLA against fla chunk_gsa in one run
 # Writes $OUT/pending16.log (every command's output under a header, the device line, the measured files' checksums).
@@ -16,6 +18,7 @@ for SH in 2,8192,16,128,128 2,8192,16,64,64 2,4096,8,256,256 3,3000,4,64,128 4,2
 done
 run python3 benchmarks/gpu_state_calls.py
 run python3 benchmarks/gpu_normalized_epilogue.py
+run python3 benchmarks/gpu_normalized_epilogue.py --sweep
 run python3 benchmarks/gpu_families_vs_peers.py --sections ops --peers none --rounds 3 --graph --budget-s 150 \
     --out "$OUT/fam"
 fi
