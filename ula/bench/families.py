@@ -8,7 +8,8 @@
 Inputs: q, k ~ N(0, 1/K), v ~ N(0, 1); log decays logsigmoid(N(4, 1)) in float32 (RetNet's per-head decays
 for the constant kind); mLSTM gate pre-activations i ~ N(-2, 1), f ~ N(4, 1); GSA write strengths s ~ N(0, 1)
 and slot forget gates as the log decays, m slots. "normalized_pos" has positive q, k and a = 0, b = 1
-without L2 norm: o_t = Σ (q_t·k_n) v_n / Σ q_t·k_n, what fla's chunk_linear_attn(normalize=True) computes.
+without L2 norm: o_t = Σ (q_t·k_n) v_n / Σ q_t·k_n, what fla's chunk_linear_attn(normalize=True) computes;
+"normalized_nol2" is "normalized" (a = b = 1) without the L2 norm of q and k (paper 001's Eq. 22 is optional).
 TFLA (mlstm-kernels) takes [B, H, T, D]: `make_tfla` builds its inputs in that layout, so no transpose is
 timed."""
 import torch
@@ -76,6 +77,8 @@ def ours(op, chunk_size=None, backend="auto"):
         "mlstm_exp": lambda x: ula.mlstm(x["q"], x["k"], x["v"], x["i"], x["f"], "exp", **kw)[0],
         "gsa": lambda x: ula.gsa(x["q"], x["k"], x["v"], x["s"], x["g"], **kw)[0],
         "normalized": lambda x: ula.normalized_linear_attention(x["q"], x["k"], x["v"], **kw)[0],
+        "normalized_nol2": lambda x: ula.normalized_linear_attention(x["q"], x["k"], x["v"], qk_l2_norm=False,
+                                                                     **kw)[0],
         "normalized_pos": lambda x: ula.normalized_linear_attention(x["q"], x["k"], x["v"], 0.0, 1.0,
                                                                     qk_l2_norm=False, eps=1e-10, **kw)[0],
         "linear_attn": lambda x: ula.linear_attn(x["q"], x["k"], x["v"], **kw)[0],
@@ -145,7 +148,7 @@ def state_numbers(op, K, V, m=64):
     """Numbers in one head's recurrent state (GSA: K̃ [K, m] and Ṽ [m, V])."""
     if op == "gsa":
         return K * m + m * V
-    if op in ("normalized", "normalized_pos"):
+    if op.startswith("normalized"):
         return (K + 1) * (V + 1)
     if op == "mlstm_exp":
         return K * V + K + 1
