@@ -6,7 +6,8 @@
 
 Sections (--sections, default all four):
   ops     ours: ula.gla, ula.mlstm sig and exp, ula.gsa (m=64 slots), ula.normalized_linear_attention (and
-          without its L2 norm of q, k: normalized_nol2), ula.linear_attention (no decay): forward ms, forward+backward ms, peak MiB (ula.bench.measure).
+          without its L2 norm of q, k: normalized_nol2), ula.linear_attention (no decay): forward ms,
+          forward+backward ms, peak MiB (ula.bench.measure).
           GSA with m=64 and K=V=128 holds K*m + m*V = 16384 numbers per head, GLA K*V = 16384: the
           comparison of the two at this shape is at equal state size.
   peers   each peer in its own process (a compiler crash takes only that process down; TFLA's mLSTMexp

@@ -103,3 +103,20 @@ def emulated_bf16_errors(*args, **env):
     assert out.returncode == 0, out.stderr[-2000:]
     words = out.stdout.strip().splitlines()[-1].split(": ")[-1].split()
     return dict(zip(words[::2], map(float, words[1::2])))
+
+
+def record_launches(monkeypatch, what):
+    """Spy on the Triton launches that go through utils.launch (utils._launch_fitting): for each, what(kernel,
+    warps, constexprs, stages) is appended to the returned list unless it is None; the launch itself runs as
+    before."""
+    from ula.core.triton import utils
+    seen, real = [], utils._launch_fitting
+
+    def spy(kernel, grid, args, w, cx, s=None):
+        item = what(kernel, w, cx, s)
+        if item is not None:
+            seen.append(item)
+        return real(kernel, grid, args, w, cx, s)
+
+    monkeypatch.setattr(utils, "_launch_fitting", spy)
+    return seen

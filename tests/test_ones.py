@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 
 import ula
-from helpers import fresh_seed, rel
+from helpers import fresh_seed, record_launches, rel
 from ula.core.ones import linear_attention_with_ones
 
 pytest.importorskip("triton")
@@ -79,7 +79,7 @@ _SPLIT_SCRIPT = r"""
 import sys, torch
 sys.path.insert(0, sys.argv[1])
 import ula
-from helpers import fresh_seed, rel
+from helpers import fresh_seed, record_launches, rel
 from ula.core.ones import linear_attention_with_ones
 seed = fresh_seed()
 B, T, H, K, V, C = 2, 77, 2, 32, 16, 16
@@ -126,15 +126,8 @@ def test_ones_output_calls_take_one_stage(monkeypatch):
     rank-one term) launch with one pipelining stage: at Triton's default the H100's forward gave outputs that
     differ from call to call (RESULTS.md sessions 13 and 15). The core's other output calls keep the default."""
     from ula.core.triton import utils
-    seen = []
-    real = utils._launch_fitting
-
-    def record(kernel, grid, args, w, cx, s=None):
-        if kernel.fn.__name__ == "_output_kernel":
-            seen.append((bool(cx["ONES"]) or cx["R1"] > 0, s))
-        return real(kernel, grid, args, w, cx, s)
-
-    monkeypatch.setattr(utils, "_launch_fitting", record)
+    seen = record_launches(monkeypatch, lambda kernel, w, cx, s: (bool(cx["ONES"]) or cx["R1"] > 0, s)
+                           if kernel.fn.__name__ == "_output_kernel" else None)
     monkeypatch.setattr(utils, "_TUNING", {})
     q, k, v = torch.randn(1, 40, 2, 16), torch.randn(1, 40, 2, 16), torch.randn(1, 40, 2, 16)
     ld = F.logsigmoid(torch.randn(1, 40, 2) + 2)

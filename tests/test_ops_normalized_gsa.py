@@ -149,7 +149,8 @@ def test_gsa_default_chunks(monkeypatch, backend):
     gsa_mod = importlib.import_module("ula.ops.gsa")  # the module (ula.ops.gsa is also the function's name)
     seed = fresh_seed()
     chunks, real = [], gsa_mod.linear_attention
-    monkeypatch.setattr(gsa_mod, "linear_attention", lambda *a, **kw: chunks.append(kw["chunk_size"]) or real(*a, **kw))
+    monkeypatch.setattr(gsa_mod, "linear_attention",
+                        lambda *a, **kw: chunks.append(kw["chunk_size"]) or real(*a, **kw))
     errs = compare(lambda h0, **x: ula.gsa(**x, initial_state=h0, output_final_state=True, backend=backend),
                    _ref_gsa, _gsa_inputs(2, 300, 2, False, True))
     assert set(chunks) == {128, 64} and chunks[:2] == [128, 64], chunks

@@ -6,6 +6,7 @@ import torch
 import torch.nn.functional as F
 
 import ula
+from helpers import record_launches
 from ula.core.op import dry_call
 from ula.core.triton import precompile, utils
 
@@ -34,20 +35,15 @@ def _inputs(case, g):
 def test_dry_run_asks_for_every_launch_of_the_real_call(case, monkeypatch):
     g = torch.Generator().manual_seed(3)
     q, k, v, ld, rd, kg = _inputs(case, g)
-    asked, launched = set(), set()
+    asked = set()
     monkeypatch.setattr(utils, "_warmup", lambda kernel, grid, args, w, cx, s=None: asked.add(_config(kernel, w, cx)))
     precompile.dry(lambda: dry_call(q, k, v, ld, rd, None, None, K ** -0.5, False, 16, "triton", kg, True))
     assert asked, "the dry run asked for no compile"
-    real = utils._launch_fitting
-
-    def record(kernel, grid, args, w, cx, s=None):
-        launched.add(_config(kernel, w, cx))
-        return real(kernel, grid, args, w, cx, s)
-
-    monkeypatch.setattr(utils, "_launch_fitting", record)
+    launches = record_launches(monkeypatch, lambda kernel, w, cx, s: _config(kernel, w, cx))
     from ula.core.op import run
     o, S, _ = run(q, k, v, ld, rd, None, None, K ** -0.5, False, 16, "triton", kg)
     o.float().pow(2).sum().backward()
+    launched = set(launches)
     assert launched, "the real call launched nothing through utils.launch"
     assert launched <= asked, f"launched but not asked for: {launched - asked}"
     assert not getattr(utils._DRY, "on", False)
@@ -59,19 +55,14 @@ def test_dry_run_of_the_column_of_ones(case, monkeypatch):
     from ula.core import ones
     g = torch.Generator().manual_seed(5)
     q, k, v, ld, _, kg = _inputs("scalar_key_gate" if case == "scalar_key_gate" else "none", g)
-    asked, launched = set(), set()
+    asked = set()
     monkeypatch.setattr(utils, "_warmup", lambda kernel, grid, args, w, cx, s=None: asked.add(_config(kernel, w, cx)))
     precompile.dry(lambda: ones._dry_ones(q, k, v, ld, kg, None, None, K ** -0.5, None, 16, True, ""))
-    real = utils._launch_fitting
-
-    def record(kernel, grid, args, w, cx, s=None):
-        launched.add(_config(kernel, w, cx))
-        return real(kernel, grid, args, w, cx, s)
-
-    monkeypatch.setattr(utils, "_launch_fitting", record)
+    launches = record_launches(monkeypatch, lambda kernel, w, cx, s: _config(kernel, w, cx))
     o, den, _ = ones.linear_attention_with_ones(q, k, v, ld, scale=K ** -0.5, chunk_size=16, backend="triton",
                                                 key_gate=kg)
     (o.float().pow(2).sum() + den.float().pow(2).sum()).backward()
+    launched = set(launches)
     assert launched, "the real call launched nothing through utils.launch"
     assert launched <= asked, f"launched but not asked for: {launched - asked}"
 
@@ -84,18 +75,13 @@ def test_dry_run_of_the_mlstm_gates(m0, monkeypatch):
     g = torch.Generator().manual_seed(7)
     i, f = (torch.randn(B, T, H, generator=g).requires_grad_() for _ in range(2))
     m0t = torch.randn(B, H, generator=g).requires_grad_() if m0 else None
-    asked, launched = set(), set()
+    asked = set()
     monkeypatch.setattr(utils, "_warmup", lambda kernel, grid, args, w, cx, s=None: asked.add(_config(kernel, w, cx)))
     precompile.dry(lambda: gates._dry(i, f, m0t, None, torch.float32, True))
-    real = utils._launch_fitting
-
-    def record(kernel, grid, args, w, cx, s=None):
-        launched.add(_config(kernel, w, cx))
-        return real(kernel, grid, args, w, cx, s)
-
-    monkeypatch.setattr(utils, "_launch_fitting", record)
+    launches = record_launches(monkeypatch, lambda kernel, w, cx, s: _config(kernel, w, cx))
     ldp, logw, m, _ = gates.mlstm_exp_gates(i, f, m0t, out_dtype=torch.float32)
     (ldp.sum() + logw.pow(2).sum() + m.sum()).backward()
+    launched = set(launches)
     assert len(launched) == 4, launched  # two summary kernels and two block kernels
     assert launched <= asked, f"launched but not asked for: {launched - asked}"
 

@@ -9,7 +9,7 @@ pytest.importorskip("triton")
 
 import ula  # noqa: E402
 from helpers import (KINDS, compare_with_reference, constant_decay_error, emulated_bf16_errors,  # noqa: E402
-                     fresh_seed, log_decay, make_inputs, rel)
+                     fresh_seed, log_decay, make_inputs, record_launches, rel)
 from ula.core.autograd import canonical_left  # noqa: E402
 from ula.core.chunk_torch import chunk_recurrence  # noqa: E402
 from ula.core.reference import reference_linear_attention  # noqa: E402
@@ -290,14 +290,7 @@ def test_tuned_stages_reach_the_launch(monkeypatch):
     stages of those launches (the lever against per-call differences of pipelined tl.dot loops, RESULTS.md session
     13); the results stay those of the reference."""
     from ula.core.triton import utils
-    seen = []
-    real = utils._launch_fitting
-
-    def record(kernel, grid, args, w, cx, s=None):
-        seen.append((kernel.fn.__name__, w, s))
-        return real(kernel, grid, args, w, cx, s)
-
-    monkeypatch.setattr(utils, "_launch_fitting", record)
+    seen = record_launches(monkeypatch, lambda kernel, w, cx, s: (kernel.fn.__name__, w, s))
     monkeypatch.setattr(utils, "_TUNING", {"output": "64,64,64,4,1", "state": "64,64,64,4,2"})
     assert utils.stages_of("output", 4) == 1 and utils.stages_of("state", 4) == 2 and utils.stages_of("x", 4) is None
     seed = fresh_seed()

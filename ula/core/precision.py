@@ -12,8 +12,8 @@ time (H100, benchmarks/RESULTS.md "GPU, session 13"); none moves extra bytes exc
 
 Named settings: "fast" (no part), "accurate" (every part but wide_states). Each op has a measured default (the core:
 states_forward for a constant decay, nothing otherwise; GLA "accurate"; GSA per pass, ula/ops/gsa.py PASS_PRECISION),
-passed to the core as its `precision` argument. `set_precision` (or ULA_PRECISION at import) sets one choice for every call instead; None
-goes back to each op's default."""
+passed to the core as its `precision` argument. `set_precision` (or ULA_PRECISION at import) sets one choice for
+every call instead; None goes back to each op's default."""
 import contextlib
 import os
 import threading
