@@ -29,7 +29,7 @@ from ..core.triton.utils import alloc, block, cdiv, chunk_bounds, launch
 
 # Steps per chunk, and (elements of a [rows, V] tile, warps) of the chunk kernels (forward and chunk sums;
 # backward): the fastest of a sweep on an H200 at B2 T8192 H16 V128 bf16 (benchmarks/gpu_normalized_epilogue.py
-# --sweep); that sweep's output was not kept, so rerun it before relying on these choices.
+# --sweep; benchmarks/results/pending16_h100_session16_part1.log has an H100 run, which agrees).
 CHUNK = 64
 _SCAN_BLOCK = 64  # chunks per step of the scan over a sequence's chunks
 _FWD, _BWD = (8192, 4), (8192, 4)
