@@ -137,28 +137,3 @@ def test_ones_output_calls_take_one_stage(monkeypatch):
     assert {s for ones, s in seen if ones} == {1} and {s for ones, s in seen if not ones} == {None}, seen
     assert sum(ones for ones, _ in seen) == 3, seen  # forward, dQ, dK
     assert all(x.grad is not None for x in leaves)
-
-
-@pytest.mark.parametrize("decay_grad", [False, True])
-def test_ones_backward_recomputes_the_normalizer_only_for_decay_gradients(monkeypatch, decay_grad):
-    """The backward's recompute of the forward's states takes the normalizer's border states that the forward kept,
-    unless a decay gradient's border terms read the column there: state kernels with the column, forward and
-    backward, 1 + 1 (the state gradients' pass) without a decay gradient, 1 + 2 with one. Gradients still match
-    the float64 reference."""
-    seen = record_launches(monkeypatch, lambda kernel, w, cx, s: bool(cx["ONES"])
-                           if kernel.fn.__name__ == "_state_kernel" else None)
-    T, C = 37, 16
-    q, k, v = torch.randn(1, T, 2, 16), torch.randn(1, T, 2, 16), torch.randn(1, T, 2, 8)
-    ld = F.logsigmoid(torch.randn(1, T, 2) + 2)
-    leaves = [q, k, v, ld] if decay_grad else [q, k, v]
-    for x in leaves:
-        x.requires_grad_()
-    o, den, _ = linear_attention_with_ones(q, k, v, ld, chunk_size=C, backend="triton")
-    go, gden = torch.randn_like(o), torch.randn_like(den)
-    (o * go).sum().add((den * gden).sum()).backward()
-    assert sum(seen) == (3 if decay_grad else 2), seen
-    d = [x.detach().double().requires_grad_() for x in (q, k, v, ld)]
-    ro, rden, _ = linear_attention_with_ones(*d, chunk_size=C, backend="reference")
-    (ro * go.double()).sum().add((rden * gden.double()).sum()).backward()
-    for x, r in zip(leaves, d):
-        assert rel(x.grad, r.grad) < 1e-4, (x.shape, rel(x.grad, r.grad))

@@ -65,7 +65,7 @@ def linear_attention_with_ones(q, k, v, ld=None, *, scale=None, initial_state=No
 
 
 def _ones_forward(q, k, v, ld, u, S0, n0, scale, cu_seqlens, C, prec):
-    """(o, den, S, n, the normalizer's border states) on the Triton kernels; q, k, v contiguous."""
+    """(o, den, S, n) on the Triton kernels; q, k, v contiguous."""
     with precision.active(prec):
         return _ones_forward_kernels(q, k, v, ld, u, S0, n0, scale, cu_seqlens, C)
 
@@ -90,22 +90,21 @@ def _ones_forward_kernels(q, k, v, ld, u, S0, n0, scale, cu_seqlens, C):
                                          ones=True, n0=nz)
     o, den = chunk_output(q, k, v, b, None, border, h0, scale, layout, False, dot, v.dtype, gate=uc,
                           ones=(nb, nz), state_dot=sdot)
-    return o, den, S, n, nb
+    return o, den, S, n
 
 
-def _ones_backward(q, k, v, ld, u, S0, n0, nb, do, dden, dS, dn, scale, cu_seqlens, C, need_ld, prec):
+def _ones_backward(q, k, v, ld, u, S0, n0, do, dden, dS, dn, scale, cu_seqlens, C, need_ld, prec):
     from .triton.backward import fused_backward
     with precision.active(prec):
-        return fused_backward(q, k, v, ld, S0, do, dS, scale, cu_seqlens, False, C, need_ld, u,
-                              ones=(dden, n0, dn, nb))
+        return fused_backward(q, k, v, ld, S0, do, dS, scale, cu_seqlens, False, C, need_ld, u, ones=(dden, n0, dn))
 
 
 def _dry_ones(q, k, v, ld, u, S0, n0, scale, cu_seqlens, C, grad, prec):
     """Forward and (with grad) backward of one call, for precompile.py's dry run."""
     q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
-    o, den, S, n, nb = _ones_forward(q, k, v, ld, u, S0, n0, scale, cu_seqlens, C, prec)
+    o, den, S, n = _ones_forward(q, k, v, ld, u, S0, n0, scale, cu_seqlens, C, prec)
     if grad:
-        _ones_backward(q, k, v, ld, u, S0, n0, nb, torch.empty_like(o), torch.empty_like(den), None, None, scale,
+        _ones_backward(q, k, v, ld, u, S0, n0, torch.empty_like(o), torch.empty_like(den), None, None, scale,
                        cu_seqlens, C, ld is not None and ld.requires_grad, prec)
 
 
@@ -113,10 +112,8 @@ class _OnesFn(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, ld, u, S0, n0, scale, cu_seqlens, C, prec):
         q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
-        o, den, S, n, nb = _ones_forward(q, k, v, ld, u, S0, n0, scale, cu_seqlens, C, prec)
-        # the normalizer's border states ([B, H, chunks, K]: small) are kept, so the backward's recompute of the
-        # forward's states needs no column of ones where no decay gradient reads it there
-        ctx.save_for_backward(q, k, v, ld, u, S0, n0, nb)
+        o, den, S, n = _ones_forward(q, k, v, ld, u, S0, n0, scale, cu_seqlens, C, prec)
+        ctx.save_for_backward(q, k, v, ld, u, S0, n0)
         ctx.cfg = (scale, cu_seqlens, C, prec)
         # unused outputs' gradients arrive as None, not zero tensors (an unused final state would enter the
         # backward's state kernel as a zero dS: a fill and an extra load per step)
@@ -125,10 +122,10 @@ class _OnesFn(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, do, dden, dS, dn):
-        q, k, v, ld, u, S0, n0, nb = ctx.saved_tensors
+        q, k, v, ld, u, S0, n0 = ctx.saved_tensors
         scale, cu_seqlens, C, prec = ctx.cfg
         do = do if do is not None else torch.zeros_like(v)
         need_ld = ld is not None and ctx.needs_input_grad[3]
-        dq, dk, dv, dld, dS0, du, dn0 = _ones_backward(q, k, v, ld, u, S0, n0, nb, do, dden, dS, dn, scale,
-                                                       cu_seqlens, C, need_ld, prec)
+        dq, dk, dv, dld, dS0, du, dn0 = _ones_backward(q, k, v, ld, u, S0, n0, do, dden, dS, dn, scale, cu_seqlens, C,
+                                                       need_ld, prec)
         return dq, dk, dv, dld, du, dS0, (None if dn0 is None else dn0.to(n0.dtype)), None, None, None, None

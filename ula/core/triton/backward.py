@@ -78,9 +78,9 @@ def _through_first_step(x, decay, right, rev, cu_seqlens):
 def fused_backward(q, k, v, ld, h0, do, dS, scale, cu_seqlens, rev, C, need_ld, key_gate=None, ones=None):
     """(dq, dk, dv, dld, dh0, d key_gate) of o = F(q, k, v, ld, None, rev) for the gradient do of o and dS of
     the final state (None: zero); ld as the caller gave it ([H], [B, T, H], [B, T, H, K] or None), not floored.
-    ones = (dden, n0, dn, nb): v has one more column of ones, held apart (ula/core/ones.py): dden [B, T, H] the
+    ones = (dden, n0, dn): v has one more column of ones, held apart (ula/core/ones.py): dden [B, T, H] the
     gradient of its output column, n0 / dn [N, H, K] its part of the initial state and of the final state's
-    gradient, nb [B, H, chunks, K] its border states from the forward (each may be None); then dn0 comes last. Forward direction, decays with one value per step: the
+    gradient (each may be None); then dn0 comes last. Forward direction, decays with one value per step: the
     column enters the dQ and dK passes as a rank-one term of their scores and an extra vector of their states."""
     T = q.shape[1]
     gl = canonical_left(ld, T)
@@ -97,7 +97,7 @@ def fused_backward(q, k, v, ld, h0, do, dS, scale, cu_seqlens, rev, C, need_ld, 
     e = n0f = dnf = None
     if on:
         assert not rev and not vec
-        dden, n0, dn, nb = ones
+        dden, n0, dn = ones
         e = (dden.float() if dden is not None else q.new_zeros(q.shape[:3], dtype=f32)).contiguous()
         if h0f is not None:
             n0f = n0.to(f32).contiguous() if n0 is not None else h0f.new_zeros(h0f.shape[:-1])
@@ -115,15 +115,11 @@ def fused_backward(q, k, v, ld, h0, do, dS, scale, cu_seqlens, rev, C, need_ld, 
     g_n, dn0 = g[3] if on else (None, None)
     del g  # the tuple would keep g_border alive past its `del` below (one border-sized buffer at the peak)
     # the forward's states (the dQ pass's), and the decay gradient's border terms against the state gradients
-    # the column of ones again only where the decay gradient's border terms read it (else the forward's borders:
-    # the ones' state call costs 0.275 against 0.188 ms without, B2 T8192 H16 K=V=128 bf16 on an H100,
-    # benchmarks/results/pending16_h100_session16_part1.log)
-    f_ones = on and (need_ld or nb is None)
     f = chunk_states(k, v, b_fwd, None, h0f, layout, rev, sdot_t, f32 if wide else half,
-                     partner=g_border if need_ld else None, gate=u, ones=f_ones, n0=n0f,
+                     partner=g_border if need_ld else None, gate=u, ones=on, n0=n0f,
                      partner_n=g_n if need_ld else None)
     f_border, X = f[0], f[2]
-    f_n = (f[3][0] if f_ones else nb) if on else None
+    f_n = f[3][0] if on else None
     del f
     # a right decay in the dQ and dK passes; one value per step commutes and is carried on the left
     left_q, right_q = (None, b_fwd) if vec else (b_fwd, None)
