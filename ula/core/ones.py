@@ -34,7 +34,8 @@ def _generic(q, k, v, ld, scale, initial_state, output_final_state, kw):
     return o[..., :V], o[..., V], (None if S is None else (S[..., :V], S[..., V]))
 
 
-def _fast(q, v, ld, backend, cp_group):
+def fast_path(q, v, ld, backend, cp_group):
+    """Whether the call takes the Triton kernels that keep the column implicit."""
     K, V = q.shape[-1], v.shape[-1]
     return (cp_group is None and runs_fused(backend, q.device) and q.dtype != torch.float64
             and (ld is None or ld.dim() in (1, 3)) and _pad_to_16(K) == 0 and _pad_to_16(V) == 0)
@@ -45,7 +46,7 @@ def linear_attention_with_ones(q, k, v, ld=None, *, scale=None, initial_state=No
     """linear_attention(q, k, [v, 1], ld, ...) as (o, den, final (S, n) or None); initial_state (S0, n0) or None.
     Same arguments as ula.linear_attention (left decay only, forward)."""
     kw = dict(cu_seqlens=cu_seqlens, chunk_size=chunk_size, backend=backend, key_gate=key_gate, cp_group=cp_group)
-    if not _fast(q, v, ld, backend, cp_group):
+    if not fast_path(q, v, ld, backend, cp_group):
         return _generic(q, k, v, ld, scale, initial_state, output_final_state, kw)
     S0, n0 = (None, None) if initial_state is None else initial_state
     check_linear_attention(q, k, v, ld, None, scale, S0, cu_seqlens, chunk_size, backend, key_gate)
@@ -93,10 +94,11 @@ def _ones_forward_kernels(q, k, v, ld, u, S0, n0, scale, cu_seqlens, C):
     return o, den, S, n
 
 
-def _ones_backward(q, k, v, ld, u, S0, n0, do, dden, dS, dn, scale, cu_seqlens, C, need_ld, prec):
+def _ones_backward(q, k, v, ld, u, S0, n0, do, dden, dS, dn, scale, cu_seqlens, C, need_ld, prec, dv_rank_one=None):
     from .triton.backward import fused_backward
     with precision.active(prec):
-        return fused_backward(q, k, v, ld, S0, do, dS, scale, cu_seqlens, False, C, need_ld, u, ones=(dden, n0, dn))
+        return fused_backward(q, k, v, ld, S0, do, dS, scale, cu_seqlens, False, C, need_ld, u, ones=(dden, n0, dn),
+                              dv_rank_one=dv_rank_one)
 
 
 def _dry_ones(q, k, v, ld, u, S0, n0, scale, cu_seqlens, C, grad, prec):

@@ -90,9 +90,9 @@ def _chunk_sums_kernel(x, den, c0, a, out, cu, chunk_seq, chunk_start, T, H, V, 
 @triton.jit
 def _scan_kernel(x, init, a, carry, total, chunk_offset, H, V, n, a_val,
                  NB: tl.constexpr, BV: tl.constexpr, VARLEN: tl.constexpr, REVERSE: tl.constexpr,
-                 HAS_INIT: tl.constexpr, A_TENSOR: tl.constexpr, SCALE: tl.constexpr):
+                 HAS_INIT: tl.constexpr, A_TENSOR: tl.constexpr, SCALE: tl.constexpr, EXCLUSIVE: tl.constexpr):
     """Over each sequence's chunks, y = SCALE ? a x : x (x [chunks, H, V]): forward, carry[j] = init + Σ_{i<j} y_i
-    (exclusive); REVERSE, carry[j] = init + Σ_{i>=j} y_i (inclusive). total[seq] = init + Σ y."""
+    (exclusive); REVERSE, carry[j] = init + Σ_{i>=j} y_i (inclusive; with EXCLUSIVE Σ_{i>j}). total[seq] = init + Σ y."""
     i_s, i_h, i_v = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     if VARLEN:
         f = tl.load(chunk_offset + i_s)
@@ -122,6 +122,8 @@ def _scan_kernel(x, init, a, carry, total, chunk_offset, H, V, n, a_val,
             y = y * av
         if REVERSE:
             c = tl.cumsum(y, 0, reverse=True) + acc[None, :]
+            if EXCLUSIVE:
+                c -= y
         else:
             c = tl.cumsum(y, 0) - y + acc[None, :]
         tl.store(carry + ptr, c, mask=mk)
@@ -171,9 +173,9 @@ def _backward_kernel(o, den, v, dout, carry_f, carry_b, c0, a, do, dden, dv, dde
                      chunk_start, T, H, V, n, a_val, eps,
                      so_b, so_t, so_h, so_v, sd_b, sd_t, sd_h, sv_b, sv_t, sv_h, sv_v,
                      C: tl.constexpr, BR: tl.constexpr, BV: tl.constexpr, VARLEN: tl.constexpr,
-                     HAS_A: tl.constexpr, A_TENSOR: tl.constexpr, HAS_C0: tl.constexpr):
-    """do, dden, dv of one chunk of one head (the module docstring's formulas), Σ dden and the chunk's share of
-    da. carry_f: Z entering the chunk; carry_b: a Σ_{t >= chunk start} dnum_t + ∂L/∂Z_T."""
+                     HAS_A: tl.constexpr, A_TENSOR: tl.constexpr, HAS_C0: tl.constexpr, HAS_DV: tl.constexpr):
+    """do, dden, dv (HAS_DV) of one chunk of one head (the module docstring's formulas), Σ dden and the chunk's
+    share of da. carry_f: Z entering the chunk; carry_b: a Σ_{t >= chunk start} dnum_t + ∂L/∂Z_T."""
     i_c, i_h, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     seq, cs, bos, ce = chunk_bounds(i_c, i_b, cu, chunk_seq, chunk_start, T, C, VARLEN)
     cols = tl.arange(0, BV)
@@ -190,8 +192,9 @@ def _backward_kernel(o, den, v, dout, carry_f, carry_b, c0, a, do, dden, dv, dde
         if HAS_C0:
             c0v = tl.load(c0 + seq * H + i_h)
         z = tl.load(carry_f + g * V + cols, mask=mc, other=0.0)
-        rb = tl.load(carry_b + g * V + cols, mask=mc, other=0.0)
-        pre = tl.zeros([BV], dtype=tl.float32)  # Σ dnum over the chunk's earlier rows
+        if HAS_DV:
+            rb = tl.load(carry_b + g * V + cols, mask=mc, other=0.0)
+            pre = tl.zeros([BV], dtype=tl.float32)  # Σ dnum over the chunk's earlier rows
         da_acc = tl.zeros([BR], dtype=tl.float32)
     dd_acc = tl.zeros([BR], dtype=tl.float32)
     for r in range(0, C, BR):
@@ -214,10 +217,11 @@ def _backward_kernel(o, den, v, dout, carry_f, carry_b, c0, a, do, dden, dv, dde
         tl.store(dden + (i_b.to(tl.int64) * T + rows) * H + i_h, ddn.to(dden.dtype.element_ty), mask=m)
         dd_acc += ddn
         if HAS_A:
-            cum = tl.cumsum(dnum, 0)
-            dvt = rb[None, :] - av * (pre[None, :] + cum - dnum)
-            pre += tl.sum(dnum, 0)
-            tl.store(dv + base + r64 * (H * V) + cols[None, :], dvt.to(dv.dtype.element_ty), mask=mk)
+            if HAS_DV:
+                cum = tl.cumsum(dnum, 0)
+                dvt = rb[None, :] - av * (pre[None, :] + cum - dnum)
+                pre += tl.sum(dnum, 0)
+                tl.store(dv + base + r64 * (H * V) + cols[None, :], dvt.to(dv.dtype.element_ty), mask=mk)
             da_acc += tl.sum(dnum * zt, 1) + ddn * (c0v + (rows - bos + 1).to(tl.float32))
     tl.store(dden_sum + g, tl.sum(dd_acc, 0))
     if HAS_A:
@@ -229,31 +233,95 @@ def _tiles(V, C, tile):
     return BV, max(1, min(block(C, 1 << 30, lo=1), tile // BV))
 
 
+def epilogue_forward(o, den, v, a, z0, c0, a_val, eps, layout, has_a):
+    """out (v's dtype), the carry-in Z of every chunk and Z_T (None without the a part); the kernels of the module
+    docstring's forward. a: [H] float32 or None (then a_val); z0 [N, H, V], c0 [N, H] float32 or None."""
+    B, T, H, V = v.shape
+    n, C = layout.n, layout.C
+    BV, BR = _tiles(V, C, _FWD[0])
+    lay = (layout.cu, layout.chunk_seq, layout.chunk_start)
+    a_t = a if a is not None else den  # a stand-in pointer where the kernels read none
+    c0_t = c0 if c0 is not None else den
+    carry = zT = None
+    if has_a:
+        sums = alloc((B * n, H, V), v.device)
+        launch(_chunk_sums_kernel, (n, H, B), v, den, c0_t, a_t, sums, *lay, T, H, V, n, 0.0, eps, *v.stride(),
+               *den.stride(), C=C, BR=BR, BV=BV, VARLEN=layout.varlen, DIVIDE=False, A_TENSOR=False,
+               HAS_C0=False, num_warps=_FWD[1])
+        carry, zT = _scan(sums, z0, None, 1.0, layout, H, V, reverse=False, scale=False)
+    out = alloc((B, T, H, V), v.device, v.dtype)
+    launch(_forward_kernel, (n, H, B), o, den, v, carry if has_a else den, c0_t, a_t, out, *lay, T, H, V, n,
+           float(a_val), float(eps), *o.stride(), *den.stride(), *v.stride(), C=C, BR=BR, BV=BV,
+           VARLEN=layout.varlen, HAS_A=has_a, A_TENSOR=a is not None, HAS_C0=c0 is not None,
+           num_warps=_FWD[1])
+    return out, carry, zT
+
+
+def dnum_borders(dout, den, c0, a, a_val, eps, dzT, layout, has_a):
+    """For a consumer that forms dv itself (the core's dV pass, ula/ops/_normalized_fused.py): per chunk of
+    `layout`, the part of dv_n = a Σ_{t>=n} dnum_t + ∂L/∂Z_T that comes from after the chunk, a Σ_{t in later
+    chunks} dnum_t + ∂L/∂Z_T, as [B, H, chunks, V] float32 (varlen: B = 1); and dz0 (its total) [N, H, V]."""
+    B, T, H, V = dout.shape
+    n = layout.n
+    BV, BR = _tiles(V, layout.C, _FWD[0])
+    sums = alloc((B * n, H, V), dout.device)
+    if has_a:
+        launch(_chunk_sums_kernel, (n, H, B), dout, den, c0 if c0 is not None else den, a if a is not None else den,
+               sums, layout.cu, layout.chunk_seq, layout.chunk_start, T, H, V, n, float(a_val), float(eps),
+               *dout.stride(), *den.stride(), C=layout.C, BR=BR, BV=BV, VARLEN=layout.varlen, DIVIDE=True,
+               A_TENSOR=a is not None, HAS_C0=c0 is not None, num_warps=_FWD[1])
+    else:
+        sums.zero_()
+    carry, dz0 = _scan(sums, dzT, a, a_val, layout, H, V, reverse=True, scale=True, exclusive=True)
+    return carry.view(B, n, H, V).transpose(1, 2).contiguous(), dz0
+
+
+def epilogue_backward(dout, dzT, o, den, v, a, c0, carry_f, layout, a_val, eps, has_a, has_z0, dv_too=True):
+    """(do, dden, dv or None, da or None, dz0 or None, dc0 or None) of epilogue_forward; dv only where dv_too (else
+    its consumer takes dnum_borders), dz0 then too."""
+    B, T, H, V = v.shape
+    n = layout.n
+    lay = (layout.cu, layout.chunk_seq, layout.chunk_start)
+    a_t = a if a is not None else den
+    c0_t = c0 if c0 is not None else den
+    dout = torch.zeros_like(v) if dout is None else dout.contiguous()
+    common = dict(C=layout.C, VARLEN=layout.varlen, A_TENSOR=a is not None, HAS_C0=c0 is not None)
+    BV, BR = _tiles(V, layout.C, _FWD[0])
+    carry_b = dz0 = None
+    with_dv = has_a and dv_too
+    if with_dv:
+        sums = alloc((B * n, H, V), v.device)
+        launch(_chunk_sums_kernel, (n, H, B), dout, den, c0_t, a_t, sums, *lay, T, H, V, n, float(a_val),
+               float(eps), *dout.stride(), *den.stride(), BR=BR, BV=BV, DIVIDE=True, num_warps=_FWD[1],
+               **common)
+        carry_b, dz0 = _scan(sums, dzT, a, a_val, layout, H, V, reverse=True, scale=True)
+    BV, BR = _tiles(V, layout.C, _BWD[0])
+    do = alloc(o.shape, v.device, o.dtype)
+    dden = alloc(den.shape, v.device, den.dtype)
+    dv = alloc((B, T, H, V), v.device, v.dtype) if with_dv else None
+    dden_sum = alloc((B * n, H), v.device)
+    da_part = alloc((B * n, H), v.device) if has_a else None
+    launch(_backward_kernel, (n, H, B), o, den, v, dout, carry_f if has_a else den,
+           carry_b if with_dv else den, c0_t, a_t, do, dden, dv if with_dv else den, dden_sum,
+           da_part if has_a else den, *lay, T, H, V, n, float(a_val), float(eps), *o.stride(), *den.stride(),
+           *v.stride(), BR=BR, BV=BV, HAS_A=has_a, HAS_DV=with_dv, num_warps=_BWD[1], **common)
+    da = da_part.sum(0) if a is not None and has_a else None
+    dc0 = None
+    if c0 is not None and has_a:  # a Σ dden per sequence (no atomics)
+        dc0 = _scan(dden_sum.view(B * n, H, 1), None, a, a_val, layout, H, 1, reverse=False, scale=True)[1]
+        dc0 = dc0.view(layout.N, H)
+    return do, dden, dv, da, (dz0 if has_z0 else None), dc0
+
+
 class _EpilogueFn(torch.autograd.Function):
     @staticmethod
     def forward(ctx, o, den, v, a, z0, c0, a_val, eps, cu_seqlens, C, has_a):
         ctx.set_materialize_grads(False)  # an unused Z_T or out: None, no zero tensor
-        B, T, H, V = v.shape
+        B, T = v.shape[:2]
         layout = make_layout(B, T, C, cu_seqlens, v.device)
-        n = layout.n
-        BV, BR = _tiles(V, C, _FWD[0])
-        lay = (layout.cu, layout.chunk_seq, layout.chunk_start)
-        a_t = a if a is not None else den  # a stand-in pointer where the kernels read none
-        c0_t = c0 if c0 is not None else den
-        carry = zT = None
-        if has_a:
-            sums = alloc((B * n, H, V), v.device)
-            launch(_chunk_sums_kernel, (n, H, B), v, den, c0_t, a_t, sums, *lay, T, H, V, n, 0.0, eps, *v.stride(),
-                   *den.stride(), C=C, BR=BR, BV=BV, VARLEN=layout.varlen, DIVIDE=False, A_TENSOR=False,
-                   HAS_C0=False, num_warps=_FWD[1])
-            carry, zT = _scan(sums, z0, None, 1.0, layout, H, V, reverse=False, scale=False)
-        out = alloc((B, T, H, V), v.device, v.dtype)
-        launch(_forward_kernel, (n, H, B), o, den, v, carry if has_a else den, c0_t, a_t, out, *lay, T, H, V, n,
-               float(a_val), float(eps), *o.stride(), *den.stride(), *v.stride(), C=C, BR=BR, BV=BV,
-               VARLEN=layout.varlen, HAS_A=has_a, A_TENSOR=a is not None, HAS_C0=c0 is not None,
-               num_warps=_FWD[1])
+        out, carry, zT = epilogue_forward(o, den, v, a, z0, c0, a_val, eps, layout, has_a)
         ctx.save_for_backward(o, den, v, a, c0, carry)
-        ctx.cfg = (layout, a_val, eps, C, has_a, z0 is not None)
+        ctx.cfg = (layout, a_val, eps, has_a, z0 is not None)
         if zT is not None:
             return out, zT
         return out
@@ -261,43 +329,15 @@ class _EpilogueFn(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dout, dzT=None):
         o, den, v, a, c0, carry_f = ctx.saved_tensors
-        layout, a_val, eps, C, has_a, has_z0 = ctx.cfg
-        B, T, H, V = v.shape
-        n = layout.n
-        lay = (layout.cu, layout.chunk_seq, layout.chunk_start)
-        a_t = a if a is not None else den
-        c0_t = c0 if c0 is not None else den
-        dout = torch.zeros_like(v) if dout is None else dout.contiguous()
-        common = dict(C=C, VARLEN=layout.varlen, A_TENSOR=a is not None, HAS_C0=c0 is not None)
-        BV, BR = _tiles(V, C, _FWD[0])
-        carry_b = dz0 = None
-        if has_a:
-            sums = alloc((B * n, H, V), v.device)
-            launch(_chunk_sums_kernel, (n, H, B), dout, den, c0_t, a_t, sums, *lay, T, H, V, n, float(a_val),
-                   float(eps), *dout.stride(), *den.stride(), BR=BR, BV=BV, DIVIDE=True, num_warps=_FWD[1],
-                   **common)
-            carry_b, dz0 = _scan(sums, dzT, a, a_val, layout, H, V, reverse=True, scale=True)
-        BV, BR = _tiles(V, C, _BWD[0])
-        do = alloc(o.shape, v.device, o.dtype)
-        dden = alloc(den.shape, v.device, den.dtype)
-        dv = alloc((B, T, H, V), v.device, v.dtype) if has_a else None
-        dden_sum = alloc((B * n, H), v.device)
-        da_part = alloc((B * n, H), v.device) if has_a else None
-        launch(_backward_kernel, (n, H, B), o, den, v, dout, carry_f if has_a else den,
-               carry_b if has_a else den, c0_t, a_t, do, dden, dv if has_a else den, dden_sum,
-               da_part if has_a else den, *lay, T, H, V, n, float(a_val), float(eps), *o.stride(), *den.stride(),
-               *v.stride(), BR=BR, BV=BV, HAS_A=has_a, num_warps=_BWD[1], **common)
-        da = da_part.sum(0) if a is not None and ctx.needs_input_grad[3] else None
-        dc0 = None
-        if c0 is not None and ctx.needs_input_grad[5] and has_a:  # a Σ dden per sequence (no atomics)
-            dc0 = _scan(dden_sum.view(B * n, H, 1), None, a, a_val, layout, H, 1, reverse=False, scale=True)[1]
-            dc0 = dc0.view(layout.N, H)
-        if not has_z0:
-            dz0 = None
+        layout, a_val, eps, has_a, has_z0 = ctx.cfg
+        do, dden, dv, da, dz0, dc0 = epilogue_backward(dout, dzT, o, den, v, a, c0, carry_f, layout, a_val, eps,
+                                                       has_a, has_z0)
+        da = da if ctx.needs_input_grad[3] else None
+        dc0 = dc0 if ctx.needs_input_grad[5] else None
         return do, dden, dv, da, dz0, dc0, None, None, None, None, None
 
 
-def _scan(x, init, a, a_val, layout, H, V, reverse, scale):
+def _scan(x, init, a, a_val, layout, H, V, reverse, scale, exclusive=False):
     """The per-sequence scan of chunk sums x [B*n, H, V] (see _scan_kernel) -> (carry [B*n, H, V], total [N, H, V])."""
     N = layout.N
     carry = alloc(x.shape, x.device)
@@ -306,7 +346,8 @@ def _scan(x, init, a, a_val, layout, H, V, reverse, scale):
     init_t = init.contiguous() if init is not None else x
     launch(_scan_kernel, (N, H, cdiv(V, BV)), x, init_t, a if a is not None else x, carry, total,
            layout.chunk_offset, H, V, layout.n, float(a_val), NB=_SCAN_BLOCK, BV=BV, VARLEN=layout.varlen,
-           REVERSE=reverse, HAS_INIT=init is not None, A_TENSOR=a is not None, SCALE=scale)
+           REVERSE=reverse, HAS_INIT=init is not None, A_TENSOR=a is not None, SCALE=scale,
+           EXCLUSIVE=exclusive)
     return carry, total
 
 
@@ -326,10 +367,14 @@ def normalized_epilogue(o, den, v, a, z0, c0, eps, cu_seqlens, final, chunk_size
     if not final:
         return (res[0] if isinstance(res, tuple) else res), None
     out, zT = res
+    return out, (zT, final_count(c0, cu_seqlens, B, T, H, v.device))
+
+
+def final_count(c0, cu_seqlens, B, T, H, device):
+    """C_T [N, H] float32: c0 (or 0) plus each sequence's length."""
     if cu_seqlens is None:
-        lens = torch.full((B, 1), float(T), device=v.device)
+        lens = torch.full((B, 1), float(T), device=device)
     else:
-        cu = cu_seqlens.to(device=v.device)
+        cu = cu_seqlens.to(device=device)
         lens = (cu[1:] - cu[:-1]).to(torch.float32).unsqueeze(-1)
-    cT = lens.expand(-1, H) if c0 is None else c0 + lens
-    return out, (zT, cT)
+    return lens.expand(-1, H) if c0 is None else c0 + lens

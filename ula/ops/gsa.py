@@ -130,11 +130,9 @@ def _first_pass(q, k, s, g, h1, scale, kw):
     copies (o1 to bf16 and back, d o1 to bf16) are gone."""
     if g is None or not _fused_half(q.dtype, q, q.shape[-1], s.shape[-1], kw=kw):
         return linear_attention(q, k, s, None, g, scale=scale, initial_state=h1, **kw)
-    C = kw["chunk_size"] or chunk_fn(kw["backend"], q.device).pick_chunk(None, g)
     scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
-    prec = call_code(kw["precision"], (), "gsa: precision")
-    out, S, kept = run(q, k, s, None, g, h1, kw["cu_seqlens"], scale, False, C, kw["backend"], None, prec)
-    return o_for_grad(out, kept, g), (S if kw["output_final_state"] else None)
+    out, S, kept = _core_call(q, k, s, None, g, h1, scale, kw)
+    return o_for_grad(out, kept, g), S
 
 
 def _second_pass(p, s, v, g, h2, dtype, kw):
@@ -145,14 +143,19 @@ def _second_pass(p, s, v, g, h2, dtype, kw):
     -> 3.30e-3, dv 3.71 -> 3.31, ds 3.74 -> 3.31, dq 3.66 -> 3.51, dg 5.32 -> 5.07). Traffic about even: the
     kernels read p in float32 (~5 reads, +2 bytes per element each), no bf16 copies of p and of dp are made. Not under
     a torch.compile trace (runs_fused): the internal call is opaque to it, so the public one takes bf16 p there."""
-    backend, C = kw["backend"], kw["chunk_size"]
     if not _fused_half(dtype, p, p.shape[-1], v.shape[-1], kw=kw):
         return linear_attention(p.to(dtype), s, v, g, None, scale=1.0, initial_state=h2, **kw)
-    if C is None:
-        C = chunk_fn(backend, p.device).pick_chunk(g, None)
+    o, S, _ = _core_call(p, s, v, g, None, h2, 1.0, kw)
+    return o, S
+
+
+def _core_call(q, k, v, ld, rd, h0, scale, kw):
+    """The core's autograd call for one pass, its chunk (the call's, else the core's pick for these decays) and
+    precision resolved: (o, final state or None, the o kept for a right decay's gradient)."""
+    C = kw["chunk_size"] or chunk_fn(kw["backend"], q.device).pick_chunk(ld, rd)
     prec = call_code(kw["precision"], (), "gsa: precision")
-    o, S, _ = run(p, s, v, g, None, h2, kw["cu_seqlens"], 1.0, False, C, backend, None, prec)
-    return o, (S if kw["output_final_state"] else None)
+    o, S, kept = run(q, k, v, ld, rd, h0, kw["cu_seqlens"], scale, False, C, kw["backend"], None, prec)
+    return o, (S if kw["output_final_state"] else None), kept
 
 
 def gsa_step(q, k, v, s=None, g=None, state=None, *, scale=None):

@@ -27,8 +27,9 @@ last row) run as fused autograd Functions on Triton kernels (ula/ops/_l2norm.py,
 import torch
 import torch.nn.functional as F
 
-from ..core.backends import runs_fused
-from ..core.ones import linear_attention_with_ones, with_ones_column
+from ..core.backends import chunk_fn, runs_fused
+from ..core.checks import check_linear_attention
+from ..core.ones import fast_path, linear_attention_with_ones, with_ones_column
 from ..core.time_scan import scan_time
 from ._checks import check_sequence, check_step_qkv, check_step_state, num_sequences
 from ._common import PackedLayout, _step, decay_dtype
@@ -127,23 +128,49 @@ def normalized_linear_attention(q, k, v, a=1.0, b=1.0, *, qk_l2_norm=True, eps=1
     K, V = k.shape[-1], v.shape[-1]
     S0 = initial_state
     init = None if S0 is None else (S0[:, :, :K, :V].contiguous(), S0[:, :, :K, V].contiguous())
+    z0, c0 = (None, None) if S0 is None else (S0[:, :, K, :V], S0[:, :, K, V])
+    if fused and fast_path(qb, v, None, backend, None):
+        out, fin, last = _fused(qb, k, v, a, init, z0, c0, eps, cu_seqlens, chunk_size, backend, output_final_state)
+        return out, _final_state(fin, last)
     # the b part with its normalizer: values [v, 1] in one core call, the column of ones implicit
     o, den, fin = linear_attention_with_ones(qb, k, v, scale=1.0, initial_state=init,
                                              output_final_state=output_final_state, cu_seqlens=cu_seqlens,
                                              chunk_size=chunk_size, backend=backend)
     # the a part: a · (z0 + Σ_{n<=i} [v_n, 1]) per sequence (the count of steps for the column of ones), z0 the
     # last row of the initial state; then the division
-    z0, c0 = (None, None) if S0 is None else (S0[:, :, K, :V], S0[:, :, K, V])
     epilogue = _epilogue_torch
     if fused:
         from ._normalized_epilogue import normalized_epilogue as epilogue  # one fused Function (Triton kernels)
     out, last = epilogue(o, den, v, a, z0, c0, eps, cu_seqlens, fin is not None)
-    S = None
-    if fin is not None:
-        top = torch.cat([fin[0], fin[1].unsqueeze(-1)], -1)  # [N, H, K, V + 1]
-        bottom = torch.cat([last[0], last[1].unsqueeze(-1)], -1).to(top.dtype)  # [N, H, V + 1]
-        S = torch.cat([top, bottom.unsqueeze(2)], 2)
-    return out, S
+    return out, _final_state(fin, last)
+
+
+def _fused(qb, k, v, a, init, z0, c0, eps, cu_seqlens, chunk_size, backend, final):
+    """The Triton path as one Function (._normalized_fused): (out, (S, n) or None, (Z_T, C_T) or None)."""
+    from . import _normalized_epilogue as epi
+    from ._normalized_fused import normalized_fused
+    B, T, H = v.shape[:3]
+    S0, n0 = (None, None) if init is None else init
+    check_linear_attention(qb, k, v, None, None, 1.0, S0, cu_seqlens, chunk_size, backend, None)
+    C = int(chunk_size) if chunk_size is not None else chunk_fn(backend, qb.device).pick_chunk(None, None)
+    a_h, a_val = (None, float(a)) if not isinstance(a, torch.Tensor) else \
+        (a.to(torch.float32).reshape(-1).expand(H).contiguous(), 0.0)  # [H] (a 0-d a read by every head)
+    has_a = final or not (a_h is None and a_val == 0.0)
+    f32 = lambda x: None if x is None else x.to(torch.float32).contiguous()  # noqa: E731
+    out, S, n, zT = normalized_fused(qb, k, v, a_h, a_val, f32(S0), f32(n0), f32(z0), f32(c0), eps, cu_seqlens, C,
+                                     has_a)
+    if not final:
+        return out, None, None
+    return out, (S, n), (zT, epi.final_count(f32(c0), cu_seqlens, B, T, H, v.device))
+
+
+def _final_state(fin, last):
+    """[N, H, K + 1, V + 1] from the core's (S, n) and the a part's (Z_T, C_T); None without them."""
+    if fin is None:
+        return None
+    top = torch.cat([fin[0], fin[1].unsqueeze(-1)], -1)  # [N, H, K, V + 1]
+    bottom = torch.cat([last[0], last[1].unsqueeze(-1)], -1).to(top.dtype)  # [N, H, V + 1]
+    return torch.cat([top, bottom.unsqueeze(2)], 2)
 
 
 def normalized_linear_attention_step(q, k, v, a=1.0, b=1.0, state=None, *, qk_l2_norm=True, eps=1e-6):

@@ -75,13 +75,17 @@ def _through_first_step(x, decay, right, rev, cu_seqlens):
     return _final_decay(x, None if right else d, d if right else None, cu_seqlens)
 
 
-def fused_backward(q, k, v, ld, h0, do, dS, scale, cu_seqlens, rev, C, need_ld, key_gate=None, ones=None):
+def fused_backward(q, k, v, ld, h0, do, dS, scale, cu_seqlens, rev, C, need_ld, key_gate=None, ones=None,
+                   dv_rank_one=None):
     """(dq, dk, dv, dld, dh0, d key_gate) of o = F(q, k, v, ld, None, rev) for the gradient do of o and dS of
     the final state (None: zero); ld as the caller gave it ([H], [B, T, H], [B, T, H, K] or None), not floored.
     ones = (dden, n0, dn): v has one more column of ones, held apart (ula/core/ones.py): dden [B, T, H] the
     gradient of its output column, n0 / dn [N, H, K] its part of the initial state and of the final state's
     gradient (each may be None); then dn0 comes last. Forward direction, decays with one value per step: the
-    column enters the dQ and dK passes as a rank-one term of their scores and an extra vector of their states."""
+    column enters the dQ and dK passes as a rank-one term of their scores and an extra vector of their states.
+    dv_rank_one = (e [B, T, H], n_border [B, H, chunks, V]) float32: q has one more feature, e, against a constant
+    1 in k (normalized attention's a part): dv gets Σ_{i>=j in the chunk} e_i do_i (times scale) plus n_border, the
+    rest of that sum from the later chunks (and the final state's gradient), which the caller forms (no decay)."""
     T = q.shape[1]
     gl = canonical_left(ld, T)
     vec = gl is not None and gl.shape[-1] > 1
@@ -136,8 +140,12 @@ def fused_backward(q, k, v, ld, h0, do, dS, scale, cu_seqlens, rev, C, need_ld, 
                           dg=(k, db, -1.0, vec) if need_ld else None, du_of=k if u is not None else None,
                           rank_one=(2, e, g_n, None) if on else None, state_dot=sdot)
     dk, du = (dk_out[0], dk_out[2]) if extras else (dk_out, None)
+    r1v = None
+    if dv_rank_one is not None:
+        assert gl is None and not rev
+        r1v = (2, dv_rank_one[0], dv_rank_one[1], None)
     dv = chunk_output(k, q, do, b_bwd, None, g_border, dSf if rev else None, 1.0, layout, not rev, dot, v.dtype,
-                      scale_intra=scale, gate=u, gate_rows=True, state_dot=state_dot(dot))
+                      scale_intra=scale, gate=u, gate_rows=True, state_dot=state_dot(dot), rank_one=r1v)
     del g_border
     if h0 is not None:
         dh0 = _through_first_step(dh0, gl, False, rev, cu_seqlens).to(h0.dtype)

@@ -493,8 +493,11 @@ def chunk_output(q, k, v, b, c, border, h0, scale, layout, reverse, dot, out_dty
     # 3e-3, benchmarks/results/ones_race_h100_session13.log). One stage (no software pipelining) gives the same o
     # every call at 4 warps, with 2 it differs again. One stage for all three: forward / dQ / dK 0.211 / 0.222 /
     # 0.254 ms against 0.306 (8 warps) / 0.263 / 0.302, mLSTMexp / mLSTMsig f+b 1.29 against 1.42 in CUDA-graph
-    # replays (ULA_TUNE_OUTPUT=64,64,128,4,1 in benchmarks/results/pending14_h100_session15.log).
-    if (den is not None or r1) and not is_tuned(name):
+    # replays (ULA_TUNE_OUTPUT=64,64,128,4,1 in benchmarks/results/pending14_h100_session15.log). The dV pass with a
+    # rank-one term (normalized attention's a part) keeps the default: 1.454-1.459 ms against 1.469-1.476 for
+    # normalized f+b at one stage, the same o every call at four shapes
+    # (benchmarks/results/pending17_h100_session17_stages.log).
+    if (den is not None or (r1 and state_transposed)) and not is_tuned(name):
         stages = 1
     if h0 is not None and h0.dtype != border.dtype:
         # read like the border states (the matmul rounds both to its operand type alike)
