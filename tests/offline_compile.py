@@ -146,11 +146,14 @@ def core_cases(B=2, T=300, H=2, K=128, V=128, dtype=torch.bfloat16):
                                          torch.float32)
             sum(o.sum() for o in outs).backward()
         gates.PARALLEL = True
-        # normalized attention: the L2 norm and the fused epilogue (ula/ops/_l2norm.py, _normalized_epilogue.py)
-        q, k, v = r(B, T, H, K), r(B, T, H, K), r(B, T, H, V)
-        o, S = ula.normalized_linear_attention(q, k, v, 1.0, torch.ones(H).requires_grad_(), output_final_state=True,
-                                               backend="triton")
-        (o.float().sum() + S.sum()).backward()
+        # normalized attention: the L2 norm, the a part and the division in the core's kernels
+        # (ula/ops/_l2norm.py, _normalized_fused.py); with a width the column-of-ones kernels do not take (V = 24), the
+        # generic core call and the epilogue kernels (_normalized_epilogue.py)
+        for Vn in (V, 24):
+            q, k, v = r(B, T, H, K), r(B, T, H, K), r(B, T, H, Vn)
+            o, S = ula.normalized_linear_attention(q, k, v, 1.0, torch.ones(H).requires_grad_(),
+                                                   output_final_state=True, backend="triton")
+            (o.float().sum() + S.sum()).backward()
         # GSA (64 slots): s in float32 beside bfloat16 q, k (pass 1) and v (pass 2), the softmax output in float32
         # (ula/ops/gsa.py)
         q, k, v, s = r(B, T, H, K), r(B, T, H, K), r(B, T, H, V), r(B, T, H, 64)

@@ -116,6 +116,21 @@ def test_normalized_triton_varlen(one_thread, monkeypatch):
     check(errs, seed)
 
 
+def test_normalized_triton_wide_values(one_thread):
+    """The fused path (ula/ops/_normalized_fused.py) with V over one tile of the output kernel (144 = 128 + 16: each
+    V tile forms the denominator and divides by it), T not a multiple of the chunk, per-head a and b, an initial
+    state and the final state."""
+    seed = fresh_seed()
+    K, V = 16, 144
+    a, b = torch.rand(H) + 1.2, torch.rand(H) * 2 - 1
+    inp = dict(q=torch.randn(2, 45, H, K), k=torch.randn(2, 45, H, K), v=torch.randn(2, 45, H, V), a=a, b=b,
+               h0=_state(2, K, V))
+    errs = compare(lambda h0, **x: ula.normalized_linear_attention(**x, initial_state=h0, output_final_state=True,
+                                                                   chunk_size=32, backend="triton"),
+                   lambda h0, **x: ref_normalized(**x, h0=h0), inp)
+    check(errs, seed)
+
+
 def _state(N, K, V):
     """A state that a prefix could have left: Σ [k; 1][v; 1]ᵀ over 6 random tokens (L2-normalized keys)."""
     k = torch.nn.functional.normalize(torch.randn(N, 6, H, K), dim=-1)

@@ -85,12 +85,14 @@ def test_normalized_norm_in_float32_keeps_input_dtype(monkeypatch):
     assert rel(o, o_ref) <= 2e-2, seed
 
 
-def test_normalized_denominator_clamp():
-    """a = 0, b = 1 without L2 norm: a denominator that crosses 0 is clamped to ±eps, never inf or NaN."""
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+def test_normalized_denominator_clamp(backend):
+    """a = 0, b = 1 without L2 norm: a denominator that crosses 0 is clamped to ±eps, never inf or NaN (on the
+    Triton path the output kernel divides)."""
     q, k, v = torch.randn(1, 40, 1, 4), torch.randn(1, 40, 1, 4), torch.randn(1, 40, 1, 3)
     k[0, 1] = -k[0, 0]  # Σ_{n<=2} q·k_n = 0 exactly at step 2
     q.requires_grad_()
-    o, _ = ula.normalized_linear_attention(q, k, v, 0.0, 1.0, qk_l2_norm=False, eps=1e-3, **KW)
+    o, _ = ula.normalized_linear_attention(q, k, v, 0.0, 1.0, qk_l2_norm=False, eps=1e-3, **dict(KW, backend=backend))
     o.sum().backward()
     assert torch.isfinite(o).all() and torch.isfinite(q.grad).all()
     num = (q[0, 1] * k[0, 0]).sum(-1, keepdim=True) * (v[0, 0] - v[0, 1])  # Σ_{n<=2} (q_2·k_n) v_n

@@ -65,13 +65,14 @@ def linear_attention_with_ones(q, k, v, ld=None, *, scale=None, initial_state=No
     return o, den, ((S, n) if output_final_state else None)
 
 
-def _ones_forward(q, k, v, ld, u, S0, n0, scale, cu_seqlens, C, prec):
-    """(o, den, S, n) on the Triton kernels; q, k, v contiguous."""
+def _ones_forward(q, k, v, ld, u, S0, n0, scale, cu_seqlens, C, prec, **extra):
+    """(o, den, S, n) on the Triton kernels; q, k, v contiguous. extra: chunk_output's rank_one (mode 1), count0 and
+    divide (normalized attention's a part and division, ula/ops/_normalized_fused.py)."""
     with precision.active(prec):
-        return _ones_forward_kernels(q, k, v, ld, u, S0, n0, scale, cu_seqlens, C)
+        return _ones_forward_kernels(q, k, v, ld, u, S0, n0, scale, cu_seqlens, C, **extra)
 
 
-def _ones_forward_kernels(q, k, v, ld, u, S0, n0, scale, cu_seqlens, C):
+def _ones_forward_kernels(q, k, v, ld, u, S0, n0, scale, cu_seqlens, C, **extra):
     from .triton.chunk import make_layout
     from .triton.cumsum import chunk_cumsum
     from .triton.output import chunk_output
@@ -90,7 +91,7 @@ def _ones_forward_kernels(q, k, v, ld, u, S0, n0, scale, cu_seqlens, C):
     border, S, _, (nb, n) = chunk_states(k, v, b, None, h0, layout, False, sdot, border_dtype(q, sdot), gate=uc,
                                          ones=True, n0=nz)
     o, den = chunk_output(q, k, v, b, None, border, h0, scale, layout, False, dot, v.dtype, gate=uc,
-                          ones=(nb, nz), state_dot=sdot)
+                          ones=(nb, nz), state_dot=sdot, **extra)
     return o, den, S, n
 
 

@@ -169,13 +169,16 @@ def _forward_kernel(o, den, v, carry, c0, a, out, cu, chunk_seq, chunk_start, T,
 
 
 @triton.jit
-def _backward_kernel(o, den, v, dout, carry_f, carry_b, c0, a, do, dden, dv, dden_sum, da_part, cu, chunk_seq,
-                     chunk_start, T, H, V, n, a_val, eps,
+def _backward_kernel(o, den, v, dout, carry_f, carry_b, c0, a, do, dden, dv, dden_sum, da_part, dnum_sums, cu,
+                     chunk_seq, chunk_start, T, H, V, n, a_val, eps,
                      so_b, so_t, so_h, so_v, sd_b, sd_t, sd_h, sv_b, sv_t, sv_h, sv_v,
                      C: tl.constexpr, BR: tl.constexpr, BV: tl.constexpr, VARLEN: tl.constexpr,
-                     HAS_A: tl.constexpr, A_TENSOR: tl.constexpr, HAS_C0: tl.constexpr, HAS_DV: tl.constexpr):
+                     HAS_A: tl.constexpr, A_TENSOR: tl.constexpr, HAS_C0: tl.constexpr, HAS_DV: tl.constexpr,
+                     OUT_GIVEN: tl.constexpr, SUMS: tl.constexpr):
     """do, dden, dv (HAS_DV) of one chunk of one head (the module docstring's formulas), Σ dden and the chunk's
-    share of da. carry_f: Z entering the chunk; carry_b: a Σ_{t >= chunk start} dnum_t + ∂L/∂Z_T."""
+    share of da. carry_f: Z entering the chunk; carry_b: a Σ_{t >= chunk start} dnum_t + ∂L/∂Z_T.
+    OUT_GIVEN: o is the output itself and den its whole denominator den + a C (the core divided,
+    ula/ops/_normalized_fused.py); then HAS_A only asks for da. SUMS: the chunk's Σ dnum too."""
     i_c, i_h, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     seq, cs, bos, ce = chunk_bounds(i_c, i_b, cu, chunk_seq, chunk_start, T, C, VARLEN)
     cols = tl.arange(0, BV)
@@ -197,6 +200,8 @@ def _backward_kernel(o, den, v, dout, carry_f, carry_b, c0, a, do, dden, dv, dde
             pre = tl.zeros([BV], dtype=tl.float32)  # Σ dnum over the chunk's earlier rows
         da_acc = tl.zeros([BR], dtype=tl.float32)
     dd_acc = tl.zeros([BR], dtype=tl.float32)
+    if SUMS:
+        dsum = tl.zeros([BV], dtype=tl.float32)
     for r in range(0, C, BR):
         rows = cs + r + tl.arange(0, BR)
         m = rows < ce
@@ -208,10 +213,16 @@ def _backward_kernel(o, den, v, dout, carry_f, carry_b, c0, a, do, dden, dv, dde
             x = tl.load(vb + r64 * sv_t + cols[None, :] * sv_v, mask=mk, other=0.0).to(tl.float32)
             zt = tl.cumsum(x, 0) + z[None, :]
             z += tl.sum(x, 0)
-            num += av * zt
-        dn, d, ok = _denominator(db, sd_t, rows, m, bos, c0v, av, eps, HAS_A)
+            if not OUT_GIVEN:
+                num += av * zt
+        dn, d, ok = _denominator(db, sd_t, rows, m, bos, c0v, av, eps, HAS_A and not OUT_GIVEN)
         dnum = tl.where(m[:, None], gt / d[:, None], 0.0)
-        ddn = -tl.sum(dnum * (num / d[:, None]), 1)
+        if OUT_GIVEN:
+            ddn = -tl.sum(dnum * num, 1)
+        else:
+            ddn = -tl.sum(dnum * (num / d[:, None]), 1)
+        if SUMS:
+            dsum += tl.sum(dnum, 0)
         ddn = tl.where(m & ok, ddn, 0.0)
         tl.store(do + base + r64 * (H * V) + cols[None, :], dnum.to(do.dtype.element_ty), mask=mk)
         tl.store(dden + (i_b.to(tl.int64) * T + rows) * H + i_h, ddn.to(dden.dtype.element_ty), mask=m)
@@ -224,6 +235,8 @@ def _backward_kernel(o, den, v, dout, carry_f, carry_b, c0, a, do, dden, dv, dde
                 tl.store(dv + base + r64 * (H * V) + cols[None, :], dvt.to(dv.dtype.element_ty), mask=mk)
             da_acc += tl.sum(dnum * zt, 1) + ddn * (c0v + (rows - bos + 1).to(tl.float32))
     tl.store(dden_sum + g, tl.sum(dd_acc, 0))
+    if SUMS:
+        tl.store(dnum_sums + g * V + cols, dsum, mask=mc)
     if HAS_A:
         tl.store(da_part + g, tl.sum(da_acc, 0))
 
@@ -257,28 +270,55 @@ def epilogue_forward(o, den, v, a, z0, c0, a_val, eps, layout, has_a):
     return out, carry, zT
 
 
-def dnum_borders(dout, den, c0, a, a_val, eps, dzT, layout, has_a):
-    """For a consumer that forms dv itself (the core's dV pass, ula/ops/_normalized_fused.py): per chunk of
-    `layout`, the part of dv_n = a Σ_{t>=n} dnum_t + ∂L/∂Z_T that comes from after the chunk, a Σ_{t in later
-    chunks} dnum_t + ∂L/∂Z_T, as [B, H, chunks, V] float32 (varlen: B = 1); and dz0 (its total) [N, H, V]."""
-    B, T, H, V = dout.shape
+def by_head(x, B, n, H, V):
+    """[B * n, H, V] (chunk-major, as the scans write) -> [B, H, n, V] (the core's per-chunk vectors)."""
+    return x.view(B, n, H, V).transpose(1, 2).contiguous()
+
+
+def v_prefix(v, z0, layout):
+    """For the core's forward with the a part inside (ula/ops/_normalized_fused.py): per chunk of `layout`, z0 + Σ v
+    over the sequence's earlier chunks, [B * chunks, H, V] float32, and Z_T [N, H, V]."""
+    B, T, H, V = v.shape
     n = layout.n
     BV, BR = _tiles(V, layout.C, _FWD[0])
-    sums = alloc((B * n, H, V), dout.device)
-    if has_a:
-        launch(_chunk_sums_kernel, (n, H, B), dout, den, c0 if c0 is not None else den, a if a is not None else den,
-               sums, layout.cu, layout.chunk_seq, layout.chunk_start, T, H, V, n, float(a_val), float(eps),
-               *dout.stride(), *den.stride(), C=layout.C, BR=BR, BV=BV, VARLEN=layout.varlen, DIVIDE=True,
-               A_TENSOR=a is not None, HAS_C0=c0 is not None, num_warps=_FWD[1])
-    else:
-        sums.zero_()
-    carry, dz0 = _scan(sums, dzT, a, a_val, layout, H, V, reverse=True, scale=True, exclusive=True)
-    return carry.view(B, n, H, V).transpose(1, 2).contiguous(), dz0
+    sums = alloc((B * n, H, V), v.device)
+    launch(_chunk_sums_kernel, (n, H, B), v, v, v, v, sums, layout.cu, layout.chunk_seq, layout.chunk_start, T, H,
+           V, n, 0.0, 0.0, *v.stride(), 0, 0, 0, C=layout.C, BR=BR, BV=BV, VARLEN=layout.varlen, DIVIDE=False,
+           A_TENSOR=False, HAS_C0=False, num_warps=_FWD[1])
+    return _scan(sums, z0, None, 1.0, layout, H, V, reverse=False, scale=False)
 
 
-def epilogue_backward(dout, dzT, o, den, v, a, c0, carry_f, layout, a_val, eps, has_a, has_z0, dv_too=True):
-    """(do, dden, dv or None, da or None, dz0 or None, dc0 or None) of epilogue_forward; dv only where dv_too (else
-    its consumer takes dnum_borders), dz0 then too."""
+def backward_from_output(dout, dzT, out, den, v, a, c0, carry_f, layout, a_val, eps, need_da):
+    """The backward of out = num / clamp_sign(den, eps) where the core divided (den: the whole denominator):
+    (dnum in out's dtype, dden, borders, da or None, dz0, dc0 or None) at `layout` (the core's chunks), borders
+    = a Σ_{t in later chunks} dnum_t + ∂L/∂Z_T per chunk, [B, H, chunks, V] float32 (the dV pass's rank-one
+    state), dz0 its total [N, H, V]. carry_f (v_prefix's) and v are read only for da."""
+    B, T, H, V = v.shape
+    n = layout.n
+    BV, BR = _tiles(V, layout.C, _BWD[0])
+    dnum = alloc(out.shape, v.device, out.dtype)
+    dden = alloc(den.shape, v.device, den.dtype)
+    dden_sum = alloc((B * n, H), v.device)
+    sums = alloc((B * n, H, V), v.device)
+    da_part = alloc((B * n, H), v.device) if need_da else None
+    c0_t = c0 if c0 is not None else den
+    a_t = a if a is not None else den
+    launch(_backward_kernel, (n, H, B), out, den, v, dout, carry_f if need_da else den, den, c0_t, a_t, dnum, dden,
+           den, dden_sum, da_part if need_da else den, sums, layout.cu, layout.chunk_seq, layout.chunk_start, T, H, V,
+           n, float(a_val), float(eps), *out.stride(), *den.stride(), *v.stride(), C=layout.C, BR=BR, BV=BV,
+           VARLEN=layout.varlen, HAS_A=need_da, A_TENSOR=a is not None, HAS_C0=c0 is not None, HAS_DV=False,
+           OUT_GIVEN=True, SUMS=True, num_warps=_BWD[1])
+    carry_b, dz0 = _scan(sums, dzT, a, a_val, layout, H, V, reverse=True, scale=True, exclusive=True)
+    dc0 = None
+    if c0 is not None:  # a Σ dden per sequence (no atomics)
+        dc0 = _scan(dden_sum.view(B * n, H, 1), None, a, a_val, layout, H, 1, reverse=False, scale=True)[1]
+        dc0 = dc0.view(layout.N, H)
+    da = da_part.sum(0) if need_da else None
+    return dnum, dden, by_head(carry_b, B, n, H, V), da, dz0, dc0
+
+
+def epilogue_backward(dout, dzT, o, den, v, a, c0, carry_f, layout, a_val, eps, has_a, has_z0):
+    """(do, dden, dv or None, da or None, dz0 or None, dc0 or None) of epilogue_forward."""
     B, T, H, V = v.shape
     n = layout.n
     lay = (layout.cu, layout.chunk_seq, layout.chunk_start)
@@ -288,8 +328,7 @@ def epilogue_backward(dout, dzT, o, den, v, a, c0, carry_f, layout, a_val, eps, 
     common = dict(C=layout.C, VARLEN=layout.varlen, A_TENSOR=a is not None, HAS_C0=c0 is not None)
     BV, BR = _tiles(V, layout.C, _FWD[0])
     carry_b = dz0 = None
-    with_dv = has_a and dv_too
-    if with_dv:
+    if has_a:
         sums = alloc((B * n, H, V), v.device)
         launch(_chunk_sums_kernel, (n, H, B), dout, den, c0_t, a_t, sums, *lay, T, H, V, n, float(a_val),
                float(eps), *dout.stride(), *den.stride(), BR=BR, BV=BV, DIVIDE=True, num_warps=_FWD[1],
@@ -298,13 +337,14 @@ def epilogue_backward(dout, dzT, o, den, v, a, c0, carry_f, layout, a_val, eps, 
     BV, BR = _tiles(V, layout.C, _BWD[0])
     do = alloc(o.shape, v.device, o.dtype)
     dden = alloc(den.shape, v.device, den.dtype)
-    dv = alloc((B, T, H, V), v.device, v.dtype) if with_dv else None
+    dv = alloc((B, T, H, V), v.device, v.dtype) if has_a else None
     dden_sum = alloc((B * n, H), v.device)
     da_part = alloc((B * n, H), v.device) if has_a else None
     launch(_backward_kernel, (n, H, B), o, den, v, dout, carry_f if has_a else den,
-           carry_b if with_dv else den, c0_t, a_t, do, dden, dv if with_dv else den, dden_sum,
-           da_part if has_a else den, *lay, T, H, V, n, float(a_val), float(eps), *o.stride(), *den.stride(),
-           *v.stride(), BR=BR, BV=BV, HAS_A=has_a, HAS_DV=with_dv, num_warps=_BWD[1], **common)
+           carry_b if has_a else den, c0_t, a_t, do, dden, dv if has_a else den, dden_sum,
+           da_part if has_a else den, den, *lay, T, H, V, n, float(a_val), float(eps), *o.stride(), *den.stride(),
+           *v.stride(), BR=BR, BV=BV, HAS_A=has_a, HAS_DV=has_a, OUT_GIVEN=False, SUMS=False, num_warps=_BWD[1],
+           **common)
     da = da_part.sum(0) if a is not None and has_a else None
     dc0 = None
     if c0 is not None and has_a:  # a Σ dden per sequence (no atomics)

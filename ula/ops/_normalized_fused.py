@@ -1,12 +1,18 @@
-"""Normalized linear attention on the Triton kernels as one autograd Function: the core call with its column of
-ones (ula/core/ones.py) and the epilogue (._normalized_epilogue), whose a part's gradient to v goes through the
-core's dV pass.
+"""Normalized linear attention on the Triton kernels as one autograd Function: the a part and the division inside the
+core's kernels with the column of ones (ula/core/ones.py).
 
-As two Functions, the epilogue's backward wrote its share of dv, a Σ_{t>=n} dnum_t + ∂L/∂Z_T, and autograd added
-it to the core's dv: a [B, T, H, V] write and a read-read-write add (0.062 ms of 1.58 at B2 T8192 H16 K=V=128 on an
-H100, benchmarks/results/profile_normalized_h100_session16.txt). Here that share is a rank-one term of the dV
-pass's scores (a against the constant key feature, paper 001's kernel a + b x) with the later chunks' part as its
-state vector (._normalized_epilogue.dnum_borders), so dv is written once."""
+    out_i = (a Z_i + b q_i S_i) / clamp_sign(a C_i + b q_i z_i)      Z = z0 + Σ v, C = c0 + count, z = Σ k
+
+The constant a is one more feature of q against a constant 1 in k (paper 001's kernel a + b x): a rank-one term of
+the scores (ula/core/triton/output.py, rank_one mode 1), whose state part is z0 + Σ v over the earlier chunks
+(._normalized_epilogue.v_prefix) and whose share of the normalizer is a times the count. The output kernel divides
+before it stores. Backward: dnum = dout / d, dden = -Σ_v dnum out (one kernel, ._normalized_epilogue.
+backward_from_output, with the chunk sums of dnum), then the core's backward with the column of ones, where the dV
+pass carries the a part as a rank-one term (mode 2) with the later chunks' a Σ dnum as its state.
+
+As an epilogue after the core (session 16, two Functions) this cost a forward kernel (0.080 ms at B2 T8192 H16
+K=V=128 on an H100), the backward's dv of the a part and its add to the core's dv (0.062 ms) and two chunk-sum
+passes (benchmarks/results/profile_normalized_h100_session16.txt)."""
 import torch
 
 from ..core import precision
@@ -15,11 +21,12 @@ from ..core.triton.chunk import make_layout
 from . import _normalized_epilogue as epi
 
 
-def _a_per_step(a, a_val, like):
-    """a on every step, [B, T, H] float32 (the dV pass's rank-one feature): a [H] or the number a_val."""
+def _a_per_step(a, a_val, shape, device):
+    """a on every step, [B, T, H] float32 (the rank-one feature of the output and dV passes): a [H] or the number
+    a_val."""
     if a is None:
-        return torch.full(like.shape, float(a_val), device=like.device, dtype=torch.float32)
-    return a.view(1, 1, -1).expand(like.shape).contiguous()
+        return torch.full(shape, float(a_val), device=device, dtype=torch.float32)
+    return a.view(1, 1, -1).expand(shape).contiguous()
 
 
 class _NormalizedFn(torch.autograd.Function):
@@ -34,37 +41,41 @@ class _NormalizedFn(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, dout, dS, dn, dzT):
-        q, k, v, a, S0, n0, c0, o, den, carry = ctx.saved_tensors
-        dq, dk, dv, da, dS0, dn0, dz0, dc0 = _backward(q, k, v, a, S0, n0, c0, o, den, carry, dout, dS, dn, dzT,
-                                                       *ctx.cfg)
+        q, k, v, a, S0, n0, c0, out, den, carry = ctx.saved_tensors
+        dq, dk, dv, da, dS0, dn0, dz0, dc0 = _backward(q, k, v, a, S0, n0, c0, out, den, carry, dout, dS, dn, dzT,
+                                                       *ctx.cfg, need_da=ctx.needs_input_grad[3])
         return dq, dk, dv, da, dS0, dn0, dz0, dc0, None, None, None, None, None, None
 
 
 def _forward(q, k, v, a, S0, n0, z0, c0, a_val, eps, cu_seqlens, C, prec, has_a):
-    """(out, S, n, Z_T, what the backward reads: (o, den, carry))."""
-    o, den, S, n = _ones_forward(q, k, v, None, None, S0, n0, 1.0, cu_seqlens, C, prec)
-    B, T = v.shape[:2]
-    lay_e = make_layout(B, T, int(epi.CHUNK), cu_seqlens, v.device)
-    out, carry, zT = epi.epilogue_forward(o, den, v, a, z0, c0, a_val, eps, lay_e, has_a)
-    return out, S, n, zT, (o, den, carry)
-
-
-def _backward(q, k, v, a, S0, n0, c0, o, den, carry, dout, dS, dn, dzT, a_val, eps, cu_seqlens, C, prec, has_a,
-              has_z0):
-    """(dq, dk, dv, da, dS0, dn0, dz0, dc0): the epilogue's backward (dnum, dden, da, dc0), the a part's dv borders
-    per core chunk, then the core's backward with dv's rank-one term."""
-    B, T = v.shape[:2]
-    lay_e = make_layout(B, T, int(epi.CHUNK), cu_seqlens, v.device)
-    dout = torch.zeros_like(v) if dout is None else dout.contiguous()
-    do, dden, _, da, _, dc0 = epi.epilogue_backward(dout, dzT, o, den, v, a, c0, carry, lay_e, a_val, eps, has_a,
-                                                    has_z0, dv_too=False)
-    r1 = dz0 = None
+    """(out, S, n, Z_T, what the backward reads: (out, den, carry))."""
+    B, T, H = v.shape[:3]
+    extra = dict(divide=eps)
+    carry = zT = None
     if has_a:
-        lay_c = make_layout(B, T, C, cu_seqlens, v.device)
-        borders, dz0 = epi.dnum_borders(dout, den, c0, a, a_val, eps, dzT, lay_c, has_a)
-        r1 = (_a_per_step(a, a_val, den), borders)
-    dq, dk, dv, _, dS0, _, dn0 = _ones_backward(q, k, v, None, None, S0, n0, do, dden, dS, dn, 1.0, cu_seqlens, C,
-                                               False, prec, dv_rank_one=r1)
+        layout = make_layout(B, T, C, cu_seqlens, v.device)
+        carry, zT = epi.v_prefix(v, z0, layout)  # z0 + Σ v before each chunk
+        # the kernel reads chunk i's entering vector as the state after chunk i - 1 (the first from z0)
+        after = carry.roll(-1, 0)
+        extra.update(rank_one=(1, _a_per_step(a, a_val, (B, T, H), v.device),
+                               epi.by_head(after, B, layout.n, H, v.shape[-1]), z0), count0=c0)
+    out, den, S, n = _ones_forward(q, k, v, None, None, S0, n0, 1.0, cu_seqlens, C, prec, **extra)
+    return out, S, n, zT, (out, den, carry)
+
+
+def _backward(q, k, v, a, S0, n0, c0, out, den, carry, dout, dS, dn, dzT, a_val, eps, cu_seqlens, C, prec, has_a,
+              has_z0, need_da=True):
+    """(dq, dk, dv, da, dS0, dn0, dz0, dc0): the division's backward (dnum, dden, da, dc0) with the a part's dv
+    borders per chunk, then the core's backward with dv's rank-one term."""
+    B, T, H = v.shape[:3]
+    layout = make_layout(B, T, C, cu_seqlens, v.device)
+    dout = torch.zeros_like(v) if dout is None else dout.contiguous()
+    need_da = need_da and a is not None and has_a
+    dnum, dden, borders, da, dz0, dc0 = epi.backward_from_output(dout, dzT, out, den, v, a, c0, carry, layout,
+                                                                 a_val, eps, need_da)
+    r1 = (_a_per_step(a, a_val, (B, T, H), v.device), borders) if has_a else None
+    dq, dk, dv, _, dS0, _, dn0 = _ones_backward(q, k, v, None, None, S0, n0, dnum, dden, dS, dn, 1.0, cu_seqlens,
+                                               C, False, prec, dv_rank_one=r1)
     return dq, dk, dv, da, dS0, (None if dn0 is None else dn0.to(n0.dtype)), (dz0 if has_z0 else None), dc0
 
 

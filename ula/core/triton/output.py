@@ -255,15 +255,16 @@ def _own_span(b_base, c_base, rs, ce, live, BT: tl.constexpr, vc, mv, K, V, H, D
 
 
 @triton.jit
-def _output_kernel(q, k, v, b, c, u, border, h0, o, dg_a, dg_out, du_out, n_border, n0, den, e, flags, cu, chunk_seq,
-                   chunk_start, T, H, K, V, NC, sb_b, sc_b, s_sk, s_sv, scale_inter, scale_intra, dg_coef, dg_slab,
+def _output_kernel(q, k, v, b, c, u, border, h0, o, dg_a, dg_out, du_out, n_border, n0, den, e, r1_border, r1_n0, c0,
+                   flags, cu, chunk_seq, chunk_start, T, H, K, V, NC, sb_b, sc_b, s_sk, s_sv, scale_inter, scale_intra,
+                   dg_coef, dg_slab, eps,
                    DB: tl.constexpr, C: tl.constexpr, NRB: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
                    BV: tl.constexpr, HAS_B: tl.constexpr, HAS_C: tl.constexpr, VEC: tl.constexpr,
                    HAS_H0: tl.constexpr, REVERSE: tl.constexpr, VARLEN: tl.constexpr, DOT: tl.constexpr,
                    LOG_BT: tl.constexpr, DG: tl.constexpr, DG_ACC: tl.constexpr, BKF: tl.constexpr,
                    GATE: tl.constexpr, HAS_DU: tl.constexpr, ONES: tl.constexpr, R1: tl.constexpr, OWN: tl.constexpr,
                    OWN_MAX: tl.constexpr, SDOT: tl.constexpr, ODOT: tl.constexpr,
-                   SPLIT_KEYS: tl.constexpr):
+                   SPLIT_KEYS: tl.constexpr, HAS_C0: tl.constexpr, DIVIDE: tl.constexpr):
     i_r, i_v, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)  # row blocks on axis 0 (up to 2^31)
     i_b, i_h = i_bh // H, i_bh % H
     i_c = i_r // NRB
@@ -329,16 +330,23 @@ def _output_kernel(q, k, v, b, c, u, border, h0, o, dg_a, dg_out, du_out, n_bord
                     nt += tl.load(n0_ptr + kc, mask=mk & first, other=0.0)
                 den_inter += tl.sum(qt.to(tl.float32) * nt[None, :], 1)
         if R1 > 0:  # the extra feature's share through the state: e_i (rows) or 1 times the state's extra vector
-            n_head = n_border + (i_b.to(tl.int64) * H + i_h) * NC * V
+            n_head = r1_border + (i_b.to(tl.int64) * H + i_h) * NC * V
             if REVERSE:
                 nt = tl.load(n_head + i_c.to(tl.int64) * V + vc, mask=mv, other=0.0).to(tl.float32)
             else:
                 nt = tl.load(n_head + tl.maximum(i_c - 1, 0).to(tl.int64) * V + vc, mask=mv & from_border,
                              other=0.0).to(tl.float32)
                 if HAS_H0:
-                    nt += tl.load(n0 + (seq.to(tl.int64) * H + i_h) * V + vc, mask=mv & first, other=0.0)
+                    nt += tl.load(r1_n0 + (seq.to(tl.int64) * H + i_h) * V + vc, mask=mv & first, other=0.0)
             if R1 == 1:
-                acc += tl.load(e_base + ri, mask=mi, other=0.0).to(tl.float32)[:, None] * nt[None, :]
+                er = tl.load(e_base + ri, mask=mi, other=0.0).to(tl.float32)
+                acc += er[:, None] * nt[None, :]
+                if ONES:  # the normalizer's share: e_i times the steps before the chunk (and an initial count c0),
+                    # in float64: where the sum nears 0 it cancels, and float32 rounding of e C would stay in it
+                    cnt = (cs - bos).to(tl.float64)
+                    if HAS_C0:
+                        cnt += tl.load(c0 + seq.to(tl.int64) * H + i_h).to(tl.float64)
+                    den_cnt = er.to(tl.float64) * cnt
             else:
                 acc += nt[None, :]
         if HAS_B and DB == 1:  # one decay per step: after the matmul, so q e^b is not rounded to half precision
@@ -408,9 +416,14 @@ def _output_kernel(q, k, v, b, c, u, border, h0, o, dg_a, dg_out, du_out, n_bord
             acc = acc * tl.exp(tl.load(u_base + ri, mask=mi, other=0.0).to(tl.float32))[:, None]
         mo = mi[:, None] & mv[None, :]
         o_off = row0 * V + ri[:, None] * V + vc[None, :]
-        tl.store(o + o_off, acc, mask=mo)
         if ONES:  # every V tile forms it; the first stores it
-            tl.store(den + row0 + ri, den_inter * scale_inter + den_intra * scale_intra, mask=mi & (i_v == 0))
+            den_all = den_inter * scale_inter + den_intra * scale_intra
+            if R1 == 1:
+                den_all = (den_all.to(tl.float64) + den_cnt * scale_inter).to(tl.float32)
+            if DIVIDE:  # o / den, den's magnitude kept at least eps with its sign (0 counts as positive)
+                acc = acc / tl.where(den_all >= 0, tl.maximum(den_all, eps), tl.minimum(den_all, -eps))[:, None]
+            tl.store(den + row0 + ri, den_all, mask=mi & (i_v == 0))
+        tl.store(o + o_off, acc, mask=mo)
         if HAS_DU:  # the key gate's gradient: sum over features of k ⊙ dk, per V tile
             du = tl.sum(tl.load(dg_a + o_off, mask=mo, other=0.0).to(tl.float32) * acc, 1)
             tl.store(du_out + i_v.to(tl.int64) * dg_slab + row0 + rows.to(tl.int64) * H, du, mask=mi)
@@ -431,7 +444,7 @@ def _output_kernel(q, k, v, b, c, u, border, h0, o, dg_a, dg_out, du_out, n_bord
 
 def chunk_output(q, k, v, b, c, border, h0, scale, layout, reverse, dot, out_dtype=torch.float32, *,
                  scale_intra=None, state_transposed=False, gate=None, gate_rows=False, dg=None, du_of=None, ones=None,
-                 rank_one=None, state_dot=None):
+                 rank_one=None, state_dot=None, count0=None, divide=None):
     """o [B, T, H, V] in out_dtype from q, k [B, T, H, K], v [B, T, H, V] (contiguous), the chunk-local cumulative
     log decays b [Bg, T, H, K|1], c [Bg, T, H, V] (or None) and the border states of kernel 2.
 
@@ -445,7 +458,9 @@ def chunk_output(q, k, v, b, c, border, h0, scale, layout, reverse, dot, out_dty
     du_of = a: the sums over each V tile of a ⊙ o, [V tiles, B, T, H] float32 (a key gate's gradient);
     ones = (n_border [B, H, n, K], n0 [N, H, K] float32 or None): the forward's normalizer, what a column of ones
     appended to v would give, [B, T, H] float32, from chunk_states(..., ones=True) (decays with one value per
-    step, forward); returned as (o, den);
+    step, forward); returned as (o, den). With a rank-one term of mode 1 (no decay) the normalizer counts it too:
+    e_i times the steps before i plus count0 ([N, H] float32 or None, an initial state's count); divide=eps returns
+    o / den instead of o (den's magnitude clamped to at least eps, its sign kept): normalized attention;
     rank_one = (mode, e [B, T, H] float32, n_border [B, H, n, V], n0 [N, H, V] or None): one more feature in the scores,
     e of the rows (mode 1) or of the keys (mode 2) against 1 on the other side, whose state part is n_border (and n0
     for the first chunk going forward): the backward's dQ and dK passes of a column of ones in v (ula/core/ones.py);
@@ -475,11 +490,13 @@ def chunk_output(q, k, v, b, c, border, h0, scale, layout, reverse, dot, out_dty
         dg_a = du_of
         du_out = alloc(slabs, q.device)
     s_sk, s_sv = (1, K) if state_transposed else (V, 1)
-    den = n_border = n0 = None
+    den = n_border = n0 = r1_border = r1_n0 = None
     r1, e = 0, None
     if rank_one is not None:
-        assert not vec and ones is None
-        r1, e, n_border, n0 = rank_one
+        assert not vec and (ones is None or (rank_one[0] == 1 and b is None))
+        r1, e, r1_border, r1_n0 = rank_one
+    assert (divide is None or ones is not None) and (count0 is None or (ones is not None and r1 == 1))
+    assert not (r1 and h0 is not None and not reverse and r1_n0 is None), "a rank-one term's initial state is missing"
     if ones is not None:
         assert not vec and not reverse and dg is None and du_of is None and not state_transposed
         n_border, n0 = ones
@@ -508,18 +525,21 @@ def chunk_output(q, k, v, b, c, border, h0, scale, layout, reverse, dot, out_dty
     args = (q, k, v, b if b is not None else dummy, c if c is not None else dummy, gate if gate is not None else dummy,
             border, h0 if h0 is not None else dummy, o, dg_a, dg_out if dg_out is not None else dummy,
             du_out if du_out is not None else dummy, n_border if n_border is not None else dummy,
-            n0 if n0 is not None else dummy, den if den is not None else dummy, e if e is not None else dummy, flags,
+            n0 if n0 is not None else dummy, den if den is not None else dummy, e if e is not None else dummy,
+            r1_border if r1_border is not None else dummy, r1_n0 if r1_n0 is not None else dummy,
+            count0 if count0 is not None else dummy, flags,
             layout.cu, layout.chunk_seq, layout.chunk_start, T, H, K, V, layout.n,
             (b.stride(0) if b is not None and b.shape[0] > 1 else 0),
             (c.stride(0) if c is not None and c.shape[0] > 1 else 0), s_sk, s_sv, float(scale),
-            float(scale if scale_intra is None else scale_intra), float(dg_coef), B * T * H)
+            float(scale if scale_intra is None else scale_intra), float(dg_coef), B * T * H,
+            float(divide if divide is not None else 0.0))
     cx = dict(DB=b.shape[-1] if b is not None else 1, C=C, NRB=C // BT, BT=BT, BK=BK, BV=BV,
               HAS_B=b is not None, HAS_C=c is not None, VEC=vec, HAS_H0=h0 is not None,
               REVERSE=reverse, VARLEN=layout.varlen, DOT=dot, LOG_BT=BT.bit_length() - 1,
               DG=dg_mode, DG_ACC=dg_acc, BKF=block(K, 256),
               GATE=0 if gate is None else (2 if gate_rows else 1), HAS_DU=du_out is not None, ONES=den is not None,
               R1=r1, OWN_MAX=OWN_RANGE if dot != DOT_F16 else -1.0, SDOT=dot if state_dot is None else state_dot,
-              ODOT=own_dot(dot), SPLIT_KEYS=False)
+              ODOT=own_dot(dot), SPLIT_KEYS=False, HAS_C0=count0 is not None, DIVIDE=divide is not None)
     # precision parts (ula/core/precision.py) of the core call running now; the dK and dV passes are the calls
     # with gate_rows (their border states are float32 where dg needs them)
     if gate_rows:
