@@ -149,6 +149,30 @@ def sweep(B, T, H, V):
         print("  regs/spills", k, r, sp)
 
 
+def sweep_fused(B, T, H, K):
+    """The fused op's own small kernels (ula/ops/_normalized_fused.py: the chunk sums of v, the division's backward,
+    both at the core's chunk, and the L2 norm's forward) per tile size and warps: GPU ms per f+b (profiler)."""
+    import ula.ops._l2norm as l2
+    import ula.ops._normalized_epilogue as epi
+    r = lambda *s: torch.randn(*s, device=dev, dtype=torch.bfloat16).requires_grad_()  # noqa: E731
+    q, k, v = r(B, T, H, K), r(B, T, H, K), r(B, T, H, K)
+    g = torch.randn(B, T, H, K, device=dev, dtype=torch.bfloat16)
+
+    def fb():
+        q.grad = k.grad = v.grad = None
+        torch.autograd.backward(ula.normalized_linear_attention(q, k, v)[0], g)
+    defaults = (epi._FWD, epi._BWD, l2._TILE)
+    print(f"fused normalized, B{B} T{T} H{H} K=V={K}, GPU ms per f+b:")
+    for tile in (2048, 4096, 8192, 16384):
+        for w in (4, 8):
+            epi._FWD, epi._BWD, l2._TILE = (tile, w), (tile, w), tile
+            per = _kernel_times(fb)
+            ks = {n: t for n, t in per.items() if n in ("_chunk_sums_kernel", "_backward_kernel", "_l2norm_kernel")}
+            print(f"tile {tile:5d} warps {w}: " + " ".join(f"{n} {t:.3f}" for n, t in sorted(ks.items()))
+                  + f" | all kernels {sum(per.values()):.3f}")
+    epi._FWD, epi._BWD, l2._TILE = defaults
+
+
 def check_l2():
     import torch.nn.functional as F
     from ula.ops._l2norm import l2_normalize
@@ -169,8 +193,13 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--shapes", default="2,8192,16,128;1,65536,16,128")
     ap.add_argument("--sweep", action="store_true", help="only the tile sweep and the kernel table (first shape)")
+    ap.add_argument("--sweep-fused", action="store_true",
+                    help="only the fused op's tile sweep (first shape; its V is also K)")
     a = ap.parse_args()
     print(json.dumps(dict(device=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__)))
+    if a.sweep_fused:
+        sweep_fused(*(int(x) for x in a.shapes.split(";")[0].split(",")))
+        return
     if a.sweep:
         sweep(*(int(x) for x in a.shapes.split(";")[0].split(",")))
         return

@@ -9,36 +9,43 @@
 #                                                  # this tree again
 #     bash benchmarks/gpu_pending_session17.sh 3   # (the a part and the division in the core's output kernel too)
 #                                                  # parts 1 and 2 in one, the repeated calls at four shapes
+#     bash benchmarks/gpu_pending_session17.sh 4   # (the L2 norm's backward in the dQ and dK passes, b the core's
+#                                                  # scale) part 3 again, with .prev (git archive of commit 7e61804,
+#                                                  # the tree of part 3) timed too
+#     bash benchmarks/gpu_pending_session17.sh 5   # (the division's backward at 16384-element tiles) repeated calls
+#                                                  # at two shapes, our families against .prev (part 3's tree)
 # Writes $OUT/pending17.log (every command's output under a header, the device line, the measured files' checksums).
 NAME=pending17
 source "$(dirname "$0")/gpu_pending_common.sh"
-if [ "$PART" = 1 ]; then
-run python3 benchmarks/gpu_smoke.py --parts ones,families,repeat
-for SH in 2,8192,16,128,128 3,3000,4,64,128; do
-    run python3 benchmarks/gpu_repeat_calls.py --ops normalized --shape $SH --calls 3 --grad
-done
-Q="--sections quality --q-ops normalized,normalized_pos --budget-s 120"
-run python3 benchmarks/gpu_hardening.py $Q --out "$OUT/quality_new"
-run python3 .base/benchmarks/gpu_hardening.py $Q --out "$OUT/quality_base"
-run python3 benchmarks/gpu_profile.py --kinds normalized,linear,normalized_nol2
-fi
-if [ "$PART" = 2 ]; then
 FAM="--sections ops --ours normalized,linear,normalized_nol2 --peers none --rounds 3 --graph --budget-s 150"
-run python3 benchmarks/gpu_families_vs_peers.py $FAM --out "$OUT/fam_new"
-run python3 .base/benchmarks/gpu_families_vs_peers.py $FAM --out "$OUT/fam_base"
-run python3 benchmarks/gpu_families_vs_peers.py $FAM --out "$OUT/fam_new2"
-fi
-if [ "$PART" = 3 ]; then
-run python3 benchmarks/gpu_smoke.py --parts ones,families,repeat
-for SH in 2,8192,16,128,128 3,3000,4,64,128 2,4096,8,256,256 4,2048,32,32,32; do
-    run python3 benchmarks/gpu_repeat_calls.py --ops normalized --shape $SH --calls 3 --grad
-done
-run python3 benchmarks/gpu_hardening.py --sections quality --q-ops normalized,normalized_pos --budget-s 120 \
-    --out "$OUT/quality_new"
-run python3 benchmarks/gpu_profile.py --kinds normalized,linear,normalized_nol2
-FAM="--sections ops --ours normalized,linear,normalized_nol2 --peers none --rounds 3 --graph --budget-s 150"
-run python3 benchmarks/gpu_families_vs_peers.py $FAM --out "$OUT/fam_new"
-run python3 .base/benchmarks/gpu_families_vs_peers.py $FAM --out "$OUT/fam_base"
-run python3 benchmarks/gpu_families_vs_peers.py $FAM --out "$OUT/fam_new2"
-fi
+repeats() {  # repeat_calls OPS SHAPE...: forward and gradients bitwise the same over calls
+    local ops=$1; shift
+    for SH in "$@"; do run python3 benchmarks/gpu_repeat_calls.py --ops "$ops" --shape "$SH" --calls 3 --grad; done
+}
+families() {  # families TREE:NAME...: graph-replay timings of each tree (. this one, .base, .prev), $OUT/fam_NAME
+    for t in "$@"; do run python3 "${t%%:*}"/benchmarks/gpu_families_vs_peers.py $FAM --out "$OUT/fam_${t##*:}"; done
+}
+checks() {  # smoke, quality of this tree, kernel profile
+    run python3 benchmarks/gpu_smoke.py --parts ones,families,repeat
+    repeats "$@"
+    run python3 benchmarks/gpu_hardening.py --sections quality --q-ops normalized,normalized_pos --budget-s 120 \
+        --out "$OUT/quality_new"
+    run python3 benchmarks/gpu_profile.py --kinds normalized,linear,normalized_nol2
+}
+SHAPES4="2,8192,16,128,128 3,3000,4,64,128 2,4096,8,256,256 4,2048,32,32,32"
+case "$PART" in
+1) run python3 benchmarks/gpu_smoke.py --parts ones,families,repeat
+   repeats normalized 2,8192,16,128,128 3,3000,4,64,128
+   Q="--sections quality --q-ops normalized,normalized_pos --budget-s 120"
+   run python3 benchmarks/gpu_hardening.py $Q --out "$OUT/quality_new"
+   run python3 .base/benchmarks/gpu_hardening.py $Q --out "$OUT/quality_base"
+   run python3 benchmarks/gpu_profile.py --kinds normalized,linear,normalized_nol2 ;;
+2) families .:new .base:base .:new2 ;;
+3) checks normalized $SHAPES4
+   families .:new .base:base .:new2 ;;
+4) checks normalized,normalized_nol2 $SHAPES4
+   families .:new .prev:prev .base:base .:new2 ;;
+5) repeats normalized,normalized_nol2 2,8192,16,128,128 3,3000,4,64,128
+   families .:new .prev:prev .:new2 ;;
+esac
 echo "### done" >> "$LOG"

@@ -4,6 +4,7 @@ den, v, a, z0, c0 (through the output and the final Z, C); T not a multiple of t
 Also the fused L2 norm of q and k (ula/ops/_l2norm.py) against F.normalize."""
 import pytest
 import torch
+import torch.nn.functional as F
 
 pytest.importorskip("triton")
 
@@ -116,18 +117,38 @@ def test_normalized_triton_varlen(one_thread, monkeypatch):
     check(errs, seed)
 
 
-def test_normalized_triton_wide_values(one_thread):
+@pytest.mark.parametrize("b", ["head", "float"])
+def test_normalized_triton_wide_values(b, one_thread):
     """The fused path (ula/ops/_normalized_fused.py) with V over one tile of the output kernel (144 = 128 + 16: each
-    V tile forms the denominator and divides by it), T not a multiple of the chunk, per-head a and b, an initial
-    state and the final state."""
+    V tile forms the denominator and divides by it), T not a multiple of the chunk, per-head a, b per head (q times
+    b, the L2 norm's own kernels) or a float (the core's scale, the L2 norm's backward in the dQ and dK passes), an
+    initial state and the final state."""
     seed = fresh_seed()
     K, V = 16, 144
-    a, b = torch.rand(H) + 1.2, torch.rand(H) * 2 - 1
+    a, b = torch.rand(H) + 1.2, (torch.rand(H) * 2 - 1 if b == "head" else -0.7)
     inp = dict(q=torch.randn(2, 45, H, K), k=torch.randn(2, 45, H, K), v=torch.randn(2, 45, H, V), a=a, b=b,
                h0=_state(2, K, V))
     errs = compare(lambda h0, **x: ula.normalized_linear_attention(**x, initial_state=h0, output_final_state=True,
                                                                    chunk_size=32, backend="triton"),
                    lambda h0, **x: ref_normalized(**x, h0=h0), inp)
+    check(errs, seed)
+
+
+def test_normalized_triton_norm_clamp(one_thread):
+    """Rows of q and k under the L2 norm's eps (a zero row, a row of 1e-14) on the fused path with a float b: there
+    x / max(|x|, eps) has no projection term in its gradient (as F.normalize's), and the dQ and dK passes must
+    agree with the reference at those rows too (gradients ~1e12 there). The reference takes F.normalize's eps
+    (test_ops_refs' own norm has none)."""
+    seed = fresh_seed()
+    K, V = 16, 16
+    q, k = torch.randn(2, 37, H, K), torch.randn(2, 37, H, K)
+    q[0, 3, 1] = 0.0
+    k[1, 5, 0] = 1e-14
+    inp = dict(q=q, k=k, v=torch.randn(2, 37, H, V), a=1.5, b=0.8)
+    errs = compare(lambda **x: ula.normalized_linear_attention(**x, output_final_state=True, chunk_size=16,
+                                                               backend="triton"),
+                   lambda q, k, **x: ref_normalized(F.normalize(q, dim=-1), F.normalize(k, dim=-1), **x,
+                                                    qk_l2_norm=False), inp)
     check(errs, seed)
 
 

@@ -67,11 +67,11 @@ def test_dry_run_of_the_column_of_ones(case, monkeypatch):
     assert launched <= asked, f"launched but not asked for: {launched - asked}"
 
 
-@pytest.mark.parametrize("h0", [False, True])
-def test_dry_run_of_normalized_attention(h0, monkeypatch):
+@pytest.mark.parametrize("h0, l2", [(False, False), (True, True)])
+def test_dry_run_of_normalized_attention(h0, l2, monkeypatch):
     """The same for normalized attention's one Function (ula/ops/_normalized_fused.py): the core's kernels with the
-    column of ones and the dV pass's rank-one term, and the epilogue's kernels (no final state: the dry run passes
-    no state gradients, as for every op)."""
+    column of ones and the dV pass's rank-one term, the division's kernels and the L2 norm's (no final state: the dry
+    run passes no state gradients, as for every op)."""
     from ula.ops import _normalized_fused as nf
     g = torch.Generator().manual_seed(9)
     q, k, v = _inputs("none", g)[:3]
@@ -81,10 +81,10 @@ def test_dry_run_of_normalized_attention(h0, monkeypatch):
     monkeypatch.setattr(utils, "_warmup", lambda kernel, grid, args, w, cx, s=None: asked.add(_config(kernel, w, cx)))
     parts = (None,) * 4 if S0 is None else (S0[:, :, :K, :V].contiguous(), S0[:, :, :K, V].contiguous(),
                                             S0[:, :, K, :V].contiguous(), S0[:, :, K, V].contiguous())
-    precompile.dry(lambda: nf._dry(q, k, v, a.detach(), *parts, 0.0, 1e-6, None, 16, "", True, True))
+    precompile.dry(lambda: nf._dry(q, k, v, a.detach(), *parts, 0.0, 0.5, l2, 1e-6, None, 16, "", True, True))
     launches = record_launches(monkeypatch, lambda kernel, w, cx, s: _config(kernel, w, cx))
-    o, _ = ula.normalized_linear_attention(q, k, v, a, initial_state=S0, qk_l2_norm=False, chunk_size=16,
-                                           backend="triton")  # the L2 norm's kernels: not part of this dry run
+    o, _ = ula.normalized_linear_attention(q, k, v, a, 0.5, initial_state=S0, qk_l2_norm=l2, chunk_size=16,
+                                           backend="triton")
     o.float().pow(2).sum().backward()
     launched = set(launches)
     assert any(c[0] == "_output_kernel" and ("R1", 2) in c[2] for c in launched), "no dV pass with the rank-one term"

@@ -10,6 +10,11 @@ before it stores. Backward: dnum = dout / d, dden = -Σ_v dnum out (one kernel, 
 backward_from_output, with the chunk sums of dnum), then the core's backward with the column of ones, where the dV
 pass carries the a part as a rank-one term (mode 2) with the later chunks' a Σ dnum as its state.
 
+A float b is the core's scale (a enters as a / b). With it the L2 norm of q and k (Eq. 22) runs inside too: its
+forward writes the normalized rows and 1 / |x| (._l2norm.normalize_rows), and the dQ and dK passes return the
+gradients of the rows before the norm, (g - x (x·g)) / |x|, from the whole row they hold in one tile (the backward's
+two L2 kernels, 0.135 ms, gone for +0.059 ms in those passes at B2 T8192 H16 K=V=128 on an H100).
+
 As an epilogue after the core (session 16, two Functions) this cost a forward kernel (0.080 ms at B2 T8192 H16
 K=V=128 on an H100), the backward's dv of the a part and its add to the core's dv (0.062 ms) and two chunk-sum
 passes (benchmarks/results/profile_normalized_h100_session16.txt)."""
@@ -19,37 +24,44 @@ from ..core import precision
 from ..core.ones import _ones_backward, _ones_forward
 from ..core.triton.chunk import make_layout
 from . import _normalized_epilogue as epi
+from ._l2norm import normalize_rows
 
 
-def _a_per_step(a, a_val, shape, device):
-    """a on every step, [B, T, H] float32 (the rank-one feature of the output and dV passes): a [H] or the number
-    a_val."""
+def _a_per_step(a, a_val, scale, shape, device):
+    """a / scale on every step, [B, T, H] float32 (the rank-one feature of the output and dV passes, whose scores
+    the core multiplies by scale = b): a [H] or the number a_val."""
     if a is None:
-        return torch.full(shape, float(a_val), device=device, dtype=torch.float32)
-    return a.view(1, 1, -1).expand(shape).contiguous()
+        return torch.full(shape, float(a_val) / scale, device=device, dtype=torch.float32)
+    return (a / scale).view(1, 1, -1).expand(shape).contiguous()
 
 
 class _NormalizedFn(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, a, S0, n0, z0, c0, a_val, eps, cu_seqlens, C, prec, has_a):
+    def forward(ctx, q, k, v, a, S0, n0, z0, c0, a_val, scale, l2, eps, cu_seqlens, C, prec, has_a):
         ctx.set_materialize_grads(False)
         q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
-        out, S, n, zT, saved = _forward(q, k, v, a, S0, n0, z0, c0, a_val, eps, cu_seqlens, C, prec, has_a)
-        ctx.save_for_backward(q, k, v, a, S0, n0, c0, *saved)
-        ctx.cfg = (a_val, eps, cu_seqlens, C, prec, has_a, z0 is not None)
+        out, S, n, zT, saved = _forward(q, k, v, a, S0, n0, z0, c0, a_val, scale, l2, eps, cu_seqlens, C, prec,
+                                        has_a)
+        ctx.save_for_backward(v, a, S0, n0, c0, *saved)
+        ctx.cfg = (a_val, scale, eps, cu_seqlens, C, prec, has_a, z0 is not None)
         return out, S, n, zT
 
     @staticmethod
     def backward(ctx, dout, dS, dn, dzT):
-        q, k, v, a, S0, n0, c0, out, den, carry = ctx.saved_tensors
-        dq, dk, dv, da, dS0, dn0, dz0, dc0 = _backward(q, k, v, a, S0, n0, c0, out, den, carry, dout, dS, dn, dzT,
-                                                       *ctx.cfg, need_da=ctx.needs_input_grad[3])
-        return dq, dk, dv, da, dS0, dn0, dz0, dc0, None, None, None, None, None, None
+        v, a, S0, n0, c0, *saved = ctx.saved_tensors
+        dq, dk, dv, da, dS0, dn0, dz0, dc0 = _backward(v, a, S0, n0, c0, *saved, dout, dS, dn, dzT, *ctx.cfg,
+                                                       need_da=ctx.needs_input_grad[3])
+        return dq, dk, dv, da, dS0, dn0, dz0, dc0, None, None, None, None, None, None, None, None
 
 
-def _forward(q, k, v, a, S0, n0, z0, c0, a_val, eps, cu_seqlens, C, prec, has_a):
-    """(out, S, n, Z_T, what the backward reads: (out, den, carry))."""
+def _forward(q, k, v, a, S0, n0, z0, c0, a_val, scale, l2, eps, cu_seqlens, C, prec, has_a):
+    """(out, S, n, Z_T, what the backward reads: (q, k as the core took them, the norms' r or None, out, den,
+    carry)). The core's scale is b, so a enters as a / b."""
     B, T, H = v.shape[:3]
+    rq = rk = None
+    if l2:
+        q, rq = normalize_rows(q)
+        k, rk = normalize_rows(k)
     extra = dict(divide=eps)
     carry = zT = None
     if has_a:
@@ -57,14 +69,14 @@ def _forward(q, k, v, a, S0, n0, z0, c0, a_val, eps, cu_seqlens, C, prec, has_a)
         carry, zT = epi.v_prefix(v, z0, layout)  # z0 + Σ v before each chunk
         # the kernel reads chunk i's entering vector as the state after chunk i - 1 (the first from z0)
         after = carry.roll(-1, 0)
-        extra.update(rank_one=(1, _a_per_step(a, a_val, (B, T, H), v.device),
+        extra.update(rank_one=(1, _a_per_step(a, a_val, scale, (B, T, H), v.device),
                                epi.by_head(after, B, layout.n, H, v.shape[-1]), z0), count0=c0)
-    out, den, S, n = _ones_forward(q, k, v, None, None, S0, n0, 1.0, cu_seqlens, C, prec, **extra)
-    return out, S, n, zT, (out, den, carry)
+    out, den, S, n = _ones_forward(q, k, v, None, None, S0, n0, scale, cu_seqlens, C, prec, **extra)
+    return out, S, n, zT, (q, k, rq, rk, out, den, carry)
 
 
-def _backward(q, k, v, a, S0, n0, c0, out, den, carry, dout, dS, dn, dzT, a_val, eps, cu_seqlens, C, prec, has_a,
-              has_z0, need_da=True):
+def _backward(v, a, S0, n0, c0, q, k, rq, rk, out, den, carry, dout, dS, dn, dzT, a_val, scale, eps, cu_seqlens, C,
+              prec, has_a, has_z0, need_da=True):
     """(dq, dk, dv, da, dS0, dn0, dz0, dc0): the division's backward (dnum, dden, da, dc0) with the a part's dv
     borders per chunk, then the core's backward with dv's rank-one term."""
     B, T, H = v.shape[:3]
@@ -73,29 +85,32 @@ def _backward(q, k, v, a, S0, n0, c0, out, den, carry, dout, dS, dn, dzT, a_val,
     need_da = need_da and a is not None and has_a
     dnum, dden, borders, da, dz0, dc0 = epi.backward_from_output(dout, dzT, out, den, v, a, c0, carry, layout,
                                                                  a_val, eps, need_da)
-    r1 = (_a_per_step(a, a_val, (B, T, H), v.device), borders) if has_a else None
-    dq, dk, dv, _, dS0, _, dn0 = _ones_backward(q, k, v, None, None, S0, n0, dnum, dden, dS, dn, 1.0, cu_seqlens,
-                                               C, False, prec, dv_rank_one=r1)
+    r1 = (_a_per_step(a, a_val, scale, (B, T, H), v.device), borders) if has_a else None
+    dq, dk, dv, _, dS0, _, dn0 = _ones_backward(q, k, v, None, None, S0, n0, dnum, dden, dS, dn, scale, cu_seqlens,
+                                               C, False, prec, dv_rank_one=r1,
+                                               project=None if rq is None else (rq, rk))
     return dq, dk, dv, da, dS0, (None if dn0 is None else dn0.to(n0.dtype)), (dz0 if has_z0 else None), dc0
 
 
-def _dry(q, k, v, a, S0, n0, z0, c0, a_val, eps, cu_seqlens, C, prec, has_a, grad):
+def _dry(q, k, v, a, S0, n0, z0, c0, a_val, scale, l2, eps, cu_seqlens, C, prec, has_a, grad):
     """Forward and (with grad) backward of one call, for precompile.py's dry run (launches are compile requests)."""
     q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
-    out, S, n, zT, saved = _forward(q, k, v, a, S0, n0, z0, c0, a_val, eps, cu_seqlens, C, prec, has_a)
+    out, S, n, zT, saved = _forward(q, k, v, a, S0, n0, z0, c0, a_val, scale, l2, eps, cu_seqlens, C, prec, has_a)
     if grad:
-        _backward(q, k, v, a, S0, n0, c0, *saved, torch.empty_like(out), None, None, None, a_val, eps, cu_seqlens, C,
-                  prec, has_a, z0 is not None)
+        _backward(v, a, S0, n0, c0, *saved, torch.empty_like(out), None, None, None, a_val, scale, eps, cu_seqlens,
+                  C, prec, has_a, z0 is not None)
 
 
-def normalized_fused(q, k, v, a, a_val, S0, n0, z0, c0, eps, cu_seqlens, C, has_a):
-    """(out, S, n, Z_T) of normalized attention on the Triton kernels: q already times b (and L2-normalized), k;
+def normalized_fused(q, k, v, a, a_val, scale, l2, S0, n0, z0, c0, eps, cu_seqlens, C, has_a):
+    """(out, S, n, Z_T) of normalized attention on the Triton kernels: q times b unless b is `scale` (a float, not 0);
+    q and k L2-normalized already, or by the Function where l2 (its backward then formed in the dQ and dK passes);
     a [H] float32 or None (then the number a_val); initial state parts S0 [N, H, K, V], n0 [N, H, K], z0 [N, H, V],
     c0 [N, H] float32 or None; Z_T None unless has_a."""
     prec = precision.encode(precision.resolve(()))
     if q.is_cuda:  # a new configuration's kernels compiled in parallel before its first run
         from ..core.triton.precompile import compile_in_parallel, grad_wanted
         grad = grad_wanted(q, k, v, a, S0, n0, z0, c0)
-        compile_in_parallel(("normalized", q, k, v, a, S0, n0, z0, c0, cu_seqlens, C, grad, prec, has_a), q,
-                            lambda: _dry(q, k, v, a, S0, n0, z0, c0, a_val, eps, cu_seqlens, C, prec, has_a, grad))
-    return _NormalizedFn.apply(q, k, v, a, S0, n0, z0, c0, a_val, eps, cu_seqlens, C, prec, has_a)
+        compile_in_parallel(("normalized", q, k, v, a, S0, n0, z0, c0, cu_seqlens, C, grad, prec, has_a, l2), q,
+                            lambda: _dry(q, k, v, a, S0, n0, z0, c0, a_val, scale, l2, eps, cu_seqlens, C, prec,
+                                         has_a, grad))
+    return _NormalizedFn.apply(q, k, v, a, S0, n0, z0, c0, a_val, float(scale), l2, eps, cu_seqlens, C, prec, has_a)

@@ -21,9 +21,11 @@ zero; there the denominator's magnitude is clamped to at least `eps`, keeping it
 as positive). The clamp changes nothing when a > |b| with L2 norm (and no initial state cancelling it),
 as long as (a − |b|) >= eps.
 
-On the Triton backend the L2 norm and everything after the core call (the a part, the division, the final state's
-last row) run as fused autograd Functions on Triton kernels (ula/ops/_l2norm.py, ula/ops/_normalized_epilogue.py);
-`_epilogue_torch` is the same epilogue in PyTorch (backend="torch", float64, and the fused one's reference)."""
+On the Triton backend, where the column-of-ones kernels take K and V (ula/core/ones.py), the whole op is one
+autograd Function (ula/ops/_normalized_fused.py): the a part and the division inside the core's kernels, and with a
+float b (the core's scale) the L2 norm's backward in its dQ and dK passes. Other widths take the core call with
+[v, 1] and the epilogue as fused Functions (ula/ops/_l2norm.py, ula/ops/_normalized_epilogue.py); `_epilogue_torch`
+is the same epilogue in PyTorch (backend="torch", float64, and the fused one's reference)."""
 import torch
 import torch.nn.functional as F
 
@@ -55,21 +57,24 @@ def _coef(name, x, like):
     return x.unsqueeze(-1)
 
 
-def _parts(q, k, a, b, qk_l2_norm, fused=False):
-    """(b q, k, a) after the optional L2 normalization; a, b floats or broadcastable to [..., H, 1].
-    fused: the norm on Triton kernels (ula/ops/_l2norm.py)."""
+def _parts(q, k, a, b, qk_l2_norm, fused=False, b_apart=False):
+    """(b q, k, a, b) after the optional L2 normalization; a, b floats or broadcastable to [..., H, 1].
+    fused: the norm on Triton kernels (ula/ops/_l2norm.py). b_apart: a float b other than 0 is left out of q
+    (returned as the core's scale, else 1.0)."""
     a, b = _coef("a", a, q), _coef("b", b, q)
     if qk_l2_norm and fused:
         from ._l2norm import l2_normalize
         q, k = l2_normalize(q, k)
     elif qk_l2_norm:  # back to the inputs' dtype: CUDA autocast runs the norm in float32 and returns float32
         q, k = F.normalize(q, dim=-1).to(q.dtype), F.normalize(k, dim=-1).to(k.dtype)
-    return (q if isinstance(b, float) and b == 1.0 else b * q), k, a
+    if b_apart and isinstance(b, float) and b != 0.0:
+        return q, k, a, b
+    return (q if isinstance(b, float) and b == 1.0 else b * q), k, a, 1.0
 
 
 def _augment(q, k, v, a, b, qk_l2_norm):
     """q' = [b q, a], k' = [k, 1], v' = [v, 1] (the one-step form)."""
-    qb, k, a = _parts(q, k, a, b, qk_l2_norm)
+    qb, k, a, _ = _parts(q, k, a, b, qk_l2_norm)
     va = with_ones_column(v)
     a = qb.new_full((*qb.shape[:-1], 1), a) if isinstance(a, float) else a.expand(*qb.shape[:-1], 1)
     qa = torch.cat([qb, a], -1)
@@ -124,14 +129,21 @@ def normalized_linear_attention(q, k, v, a=1.0, b=1.0, *, qk_l2_norm=True, eps=1
                          "[B, H, K + 1, V + 1] ([N, ...] with cu_seqlens)", name="initial_state")
     # the Triton backend (not float64, not under torch.compile): the L2 norm and the epilogue as fused kernels
     fused = decay_dtype(q) == torch.float32 and runs_fused(backend, q.device)
-    qb, k, a = _parts(q, k, a, b, qk_l2_norm, fused)
     K, V = k.shape[-1], v.shape[-1]
     S0 = initial_state
     init = None if S0 is None else (S0[:, :, :K, :V].contiguous(), S0[:, :, :K, V].contiguous())
     z0, c0 = (None, None) if S0 is None else (S0[:, :, K, :V], S0[:, :, K, V])
-    if fused and fast_path(qb, v, None, backend, None):
-        out, fin, last = _fused(qb, k, v, a, init, z0, c0, eps, cu_seqlens, chunk_size, backend, output_final_state)
+    if fused and fast_path(q, v, None, backend, None):
+        # a float b is the core's scale, and with it the L2 norm's backward is formed by the core's dQ and dK passes
+        # where a row fits one tile (ula/ops/_normalized_fused.py)
+        from ..core.triton.output import project_fits
+        l2_in = (qk_l2_norm and isinstance(b, (int, float)) and not isinstance(b, bool) and b != 0
+                 and project_fits(K))
+        qx, kx, a, scale = _parts(q, k, a, b, qk_l2_norm and not l2_in, fused, b_apart=True)
+        out, fin, last = _fused(qx, kx, v, a, scale, l2_in, init, z0, c0, eps, cu_seqlens, chunk_size, backend,
+                                output_final_state)
         return out, _final_state(fin, last)
+    qb, k, a, _ = _parts(q, k, a, b, qk_l2_norm, fused)
     # the b part with its normalizer: values [v, 1] in one core call, the column of ones implicit
     o, den, fin = linear_attention_with_ones(qb, k, v, scale=1.0, initial_state=init,
                                              output_final_state=output_final_state, cu_seqlens=cu_seqlens,
@@ -145,20 +157,21 @@ def normalized_linear_attention(q, k, v, a=1.0, b=1.0, *, qk_l2_norm=True, eps=1
     return out, _final_state(fin, last)
 
 
-def _fused(qb, k, v, a, init, z0, c0, eps, cu_seqlens, chunk_size, backend, final):
-    """The Triton path as one Function (._normalized_fused): (out, (S, n) or None, (Z_T, C_T) or None)."""
+def _fused(qb, k, v, a, scale, l2, init, z0, c0, eps, cu_seqlens, chunk_size, backend, final):
+    """The Triton path as one Function (._normalized_fused): (out, (S, n) or None, (Z_T, C_T) or None). qb: q times
+    b unless b is `scale` (a float); l2: q and k still to be L2-normalized (inside the Function)."""
     from . import _normalized_epilogue as epi
     from ._normalized_fused import normalized_fused
     B, T, H = v.shape[:3]
     S0, n0 = (None, None) if init is None else init
-    check_linear_attention(qb, k, v, None, None, 1.0, S0, cu_seqlens, chunk_size, backend, None)
+    check_linear_attention(qb, k, v, None, None, scale, S0, cu_seqlens, chunk_size, backend, None)
     C = int(chunk_size) if chunk_size is not None else chunk_fn(backend, qb.device).pick_chunk(None, None)
     a_h, a_val = (None, float(a)) if not isinstance(a, torch.Tensor) else \
         (a.to(torch.float32).reshape(-1).expand(H).contiguous(), 0.0)  # [H] (a 0-d a read by every head)
     has_a = final or not (a_h is None and a_val == 0.0)
     f32 = lambda x: None if x is None else x.to(torch.float32).contiguous()  # noqa: E731
-    out, S, n, zT = normalized_fused(qb, k, v, a_h, a_val, f32(S0), f32(n0), f32(z0), f32(c0), eps, cu_seqlens, C,
-                                     has_a)
+    out, S, n, zT = normalized_fused(qb, k, v, a_h, a_val, scale, l2, f32(S0), f32(n0), f32(z0), f32(c0), eps,
+                                     cu_seqlens, C, has_a)
     if not final:
         return out, None, None
     return out, (S, n), (zT, epi.final_count(f32(c0), cu_seqlens, B, T, H, v.device))

@@ -76,7 +76,7 @@ def _through_first_step(x, decay, right, rev, cu_seqlens):
 
 
 def fused_backward(q, k, v, ld, h0, do, dS, scale, cu_seqlens, rev, C, need_ld, key_gate=None, ones=None,
-                   dv_rank_one=None):
+                   dv_rank_one=None, project=None):
     """(dq, dk, dv, dld, dh0, d key_gate) of o = F(q, k, v, ld, None, rev) for the gradient do of o and dS of
     the final state (None: zero); ld as the caller gave it ([H], [B, T, H], [B, T, H, K] or None), not floored.
     ones = (dden, n0, dn): v has one more column of ones, held apart (ula/core/ones.py): dden [B, T, H] the
@@ -85,7 +85,9 @@ def fused_backward(q, k, v, ld, h0, do, dS, scale, cu_seqlens, rev, C, need_ld, 
     column enters the dQ and dK passes as a rank-one term of their scores and an extra vector of their states.
     dv_rank_one = (e [B, T, H], n_border [B, H, chunks, V]) float32: q has one more feature, e, against a constant
     1 in k (normalized attention's a part): dv gets Σ_{i>=j in the chunk} e_i do_i (times scale) plus n_border, the
-    rest of that sum from the later chunks (and the final state's gradient), which the caller forms (no decay)."""
+    rest of that sum from the later chunks (and the final state's gradient), which the caller forms (no decay).
+    project = (rq, rk) [B, T, H] float32: q and k are L2-normalized inputs (ula/ops/_l2norm.normalize_rows); dq and
+    dk are returned as the gradients of the inputs before the norm (the dQ and dK passes form them, K in one tile)."""
     T = q.shape[1]
     gl = canonical_left(ld, T)
     vec = gl is not None and gl.shape[-1] > 1
@@ -131,14 +133,16 @@ def fused_backward(q, k, v, ld, h0, do, dS, scale, cu_seqlens, rev, C, need_ld, 
     # forward-direction passes read their initial state through the output kernel (transposed like the states)
     dq_out = chunk_output(do, v, k, left_q, right_q, f_border, h0f if not rev else None, scale, layout, rev, dot_w,
                           q.dtype, state_transposed=True, gate=u, dg=(q, None, 1.0, vec) if need_ld else None,
-                          rank_one=(1, e, f_n, n0f) if on else None, state_dot=sdot)
+                          rank_one=(1, e, f_n, n0f) if on else None, state_dot=sdot,
+                          project=None if project is None else (q, project[0]))
     dq, db = (dq_out[0], dq_out[1]) if need_ld else (dq_out, None)
     del f_border
     extras = need_ld or u is not None
     dk_out = chunk_output(v, do, q, left_k, right_k, g_border, dSf if rev else None, 1.0, layout, not rev, dot_w,
                           k.dtype, scale_intra=scale, state_transposed=True, gate=u, gate_rows=True,
                           dg=(k, db, -1.0, vec) if need_ld else None, du_of=k if u is not None else None,
-                          rank_one=(2, e, g_n, None) if on else None, state_dot=sdot)
+                          rank_one=(2, e, g_n, None) if on else None, state_dot=sdot,
+                          project=None if project is None else (k, project[1]))
     dk, du = (dk_out[0], dk_out[2]) if extras else (dk_out, None)
     r1v = None
     if dv_rank_one is not None:

@@ -256,7 +256,7 @@ def _own_span(b_base, c_base, rs, ce, live, BT: tl.constexpr, vc, mv, K, V, H, D
 
 @triton.jit
 def _output_kernel(q, k, v, b, c, u, border, h0, o, dg_a, dg_out, du_out, n_border, n0, den, e, r1_border, r1_n0, c0,
-                   flags, cu, chunk_seq, chunk_start, T, H, K, V, NC, sb_b, sc_b, s_sk, s_sv, scale_inter, scale_intra,
+                   px, pr, flags, cu, chunk_seq, chunk_start, T, H, K, V, NC, sb_b, sc_b, s_sk, s_sv, scale_inter, scale_intra,
                    dg_coef, dg_slab, eps,
                    DB: tl.constexpr, C: tl.constexpr, NRB: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
                    BV: tl.constexpr, HAS_B: tl.constexpr, HAS_C: tl.constexpr, VEC: tl.constexpr,
@@ -264,7 +264,7 @@ def _output_kernel(q, k, v, b, c, u, border, h0, o, dg_a, dg_out, du_out, n_bord
                    LOG_BT: tl.constexpr, DG: tl.constexpr, DG_ACC: tl.constexpr, BKF: tl.constexpr,
                    GATE: tl.constexpr, HAS_DU: tl.constexpr, ONES: tl.constexpr, R1: tl.constexpr, OWN: tl.constexpr,
                    OWN_MAX: tl.constexpr, SDOT: tl.constexpr, ODOT: tl.constexpr,
-                   SPLIT_KEYS: tl.constexpr, HAS_C0: tl.constexpr, DIVIDE: tl.constexpr):
+                   SPLIT_KEYS: tl.constexpr, HAS_C0: tl.constexpr, DIVIDE: tl.constexpr, PROJECT: tl.constexpr):
     i_r, i_v, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)  # row blocks on axis 0 (up to 2^31)
     i_b, i_h = i_bh // H, i_bh % H
     i_c = i_r // NRB
@@ -423,6 +423,11 @@ def _output_kernel(q, k, v, b, c, u, border, h0, o, dg_a, dg_out, du_out, n_bord
             if DIVIDE:  # o / den, den's magnitude kept at least eps with its sign (0 counts as positive)
                 acc = acc / tl.where(den_all >= 0, tl.maximum(den_all, eps), tl.minimum(den_all, -eps))[:, None]
             tl.store(den + row0 + ri, den_all, mask=mi & (i_v == 0))
+        if PROJECT:  # the gradient through x = y / |y| (one V tile holds the whole row): (g - x (x·g)) |r|,
+            # the second term where r > 0 (|y| above the norm's eps)
+            xt = tl.load(px + o_off, mask=mo, other=0.0).to(tl.float32)
+            rr = tl.load(pr + row0 + ri, mask=mi, other=0.0)
+            acc = (acc - xt * tl.where(rr > 0, tl.sum(xt * acc, 1), 0.0)[:, None]) * tl.abs(rr)[:, None]
         tl.store(o + o_off, acc, mask=mo)
         if HAS_DU:  # the key gate's gradient: sum over features of k ⊙ dk, per V tile
             du = tl.sum(tl.load(dg_a + o_off, mask=mo, other=0.0).to(tl.float32) * acc, 1)
@@ -442,9 +447,18 @@ def _output_kernel(q, k, v, b, c, u, border, h0, o, dg_a, dg_out, du_out, n_bord
                 tl.store(dg_out + o_off, prod, mask=mo)
 
 
+# (rows, K tile, V tile, warps) of the launches, unless tuned (benchmarks/results/tile_sweep_h100*.json)
+_TILES = {"output": (64, 64, 128, 4), "output_vec": (32, 32, 128, 4)}
+
+
+def project_fits(V):
+    """Whether chunk_output's rows of width V lie in one tile without decays per feature (`project` needs them)."""
+    return cdiv(V, block(V, tuned("output", _TILES["output"])[2])) == 1
+
+
 def chunk_output(q, k, v, b, c, border, h0, scale, layout, reverse, dot, out_dtype=torch.float32, *,
                  scale_intra=None, state_transposed=False, gate=None, gate_rows=False, dg=None, du_of=None, ones=None,
-                 rank_one=None, state_dot=None, count0=None, divide=None):
+                 rank_one=None, state_dot=None, count0=None, divide=None, project=None):
     """o [B, T, H, V] in out_dtype from q, k [B, T, H, K], v [B, T, H, V] (contiguous), the chunk-local cumulative
     log decays b [Bg, T, H, K|1], c [Bg, T, H, V] (or None) and the border states of kernel 2.
 
@@ -461,6 +475,9 @@ def chunk_output(q, k, v, b, c, border, h0, scale, layout, reverse, dot, out_dty
     step, forward); returned as (o, den). With a rank-one term of mode 1 (no decay) the normalizer counts it too:
     e_i times the steps before i plus count0 ([N, H] float32 or None, an initial state's count); divide=eps returns
     o / den instead of o (den's magnitude clamped to at least eps, its sign kept): normalized attention;
+    project = (x [B, T, H, V], r [B, T, H] float32): o is the gradient of x = y / |y| (the L2-normalized input of this
+    pass's output rows, r = ±1 / |y| from ula/ops/_l2norm.normalize_rows); returns the gradient of y instead (V in
+    one tile: project_fits);
     rank_one = (mode, e [B, T, H] float32, n_border [B, H, n, V], n0 [N, H, V] or None): one more feature in the scores,
     e of the rows (mode 1) or of the keys (mode 2) against 1 on the other side, whose state part is n_border (and n0
     for the first chunk going forward): the backward's dQ and dK passes of a column of ones in v (ula/core/ones.py);
@@ -470,8 +487,7 @@ def chunk_output(q, k, v, b, c, border, h0, scale, layout, reverse, dot, out_dty
     vec = (b is not None and b.shape[-1] > 1) or c is not None
     C = layout.C
     name = "output_vec" if vec else "output"
-    # benchmarks/results/tile_sweep_h100*.json
-    BT, BK, BV, W = tuned(name, (32, 32, 128, 4) if vec else (64, 64, 128, 4))[:4]
+    BT, BK, BV, W = tuned(name, _TILES[name])[:4]
     BT, BK, BV, W = min(C, BT), block(K, BK), block(V, BV), warps_for(name, W, dot)
     stages = stages_of(name, 4)
     o = alloc((B, T, H, V), q.device, out_dtype)
@@ -496,6 +512,7 @@ def chunk_output(q, k, v, b, c, border, h0, scale, layout, reverse, dot, out_dty
         assert not vec and (ones is None or (rank_one[0] == 1 and b is None))
         r1, e, r1_border, r1_n0 = rank_one
     assert (divide is None or ones is not None) and (count0 is None or (ones is not None and r1 == 1))
+    assert project is None or (cdiv(V, BV) == 1 and dg is None and du_of is None and gate is None)
     assert not (r1 and h0 is not None and not reverse and r1_n0 is None), "a rank-one term's initial state is missing"
     if ones is not None:
         assert not vec and not reverse and dg is None and du_of is None and not state_transposed
@@ -527,7 +544,8 @@ def chunk_output(q, k, v, b, c, border, h0, scale, layout, reverse, dot, out_dty
             du_out if du_out is not None else dummy, n_border if n_border is not None else dummy,
             n0 if n0 is not None else dummy, den if den is not None else dummy, e if e is not None else dummy,
             r1_border if r1_border is not None else dummy, r1_n0 if r1_n0 is not None else dummy,
-            count0 if count0 is not None else dummy, flags,
+            count0 if count0 is not None else dummy, project[0] if project is not None else dummy,
+            project[1] if project is not None else dummy, flags,
             layout.cu, layout.chunk_seq, layout.chunk_start, T, H, K, V, layout.n,
             (b.stride(0) if b is not None and b.shape[0] > 1 else 0),
             (c.stride(0) if c is not None and c.shape[0] > 1 else 0), s_sk, s_sv, float(scale),
@@ -539,7 +557,8 @@ def chunk_output(q, k, v, b, c, border, h0, scale, layout, reverse, dot, out_dty
               DG=dg_mode, DG_ACC=dg_acc, BKF=block(K, 256),
               GATE=0 if gate is None else (2 if gate_rows else 1), HAS_DU=du_out is not None, ONES=den is not None,
               R1=r1, OWN_MAX=OWN_RANGE if dot != DOT_F16 else -1.0, SDOT=dot if state_dot is None else state_dot,
-              ODOT=own_dot(dot), SPLIT_KEYS=False, HAS_C0=count0 is not None, DIVIDE=divide is not None)
+              ODOT=own_dot(dot), SPLIT_KEYS=False, HAS_C0=count0 is not None, DIVIDE=divide is not None,
+              PROJECT=project is not None)
     # precision parts (ula/core/precision.py) of the core call running now; the dK and dV passes are the calls
     # with gate_rows (their border states are float32 where dg needs them)
     if gate_rows:
