@@ -14,6 +14,9 @@
 #                                                  # the tree of part 3) timed too
 #     bash benchmarks/gpu_pending_session17.sh 5   # (the division's backward at 16384-element tiles) repeated calls
 #                                                  # at two shapes, our families against .prev (part 3's tree)
+#     bash benchmarks/gpu_pending_session17.sh 6   # (a trial, reverted: the sums of v in the forward state kernel)
+#                                                  # smoke, repeated calls at two shapes, the profile, our families
+#                                                  # against .prev (git archive of commit c6c9ad0, part 5's tree)
 # Writes $OUT/pending17.log (every command's output under a header, the device line, the measured files' checksums).
 NAME=pending17
 source "$(dirname "$0")/gpu_pending_common.sh"
@@ -46,6 +49,10 @@ case "$PART" in
 4) checks normalized,normalized_nol2 $SHAPES4
    families .:new .prev:prev .base:base .:new2 ;;
 5) repeats normalized,normalized_nol2 2,8192,16,128,128 3,3000,4,64,128
+   families .:new .prev:prev .:new2 ;;
+6) run python3 benchmarks/gpu_smoke.py --parts ones,families,repeat
+   repeats normalized,normalized_nol2 2,8192,16,128,128 3,3000,4,64,128
+   run python3 benchmarks/gpu_profile.py --kinds normalized,linear,normalized_nol2
    families .:new .prev:prev .:new2 ;;
 esac
 echo "### done" >> "$LOG"
