@@ -32,9 +32,10 @@ from ..core.triton.utils import alloc, block, cdiv, chunk_bounds, launch
 # --sweep; benchmarks/results/pending16_h100_session16_part1.log has an H100 run, which agrees).
 CHUNK = 64
 _SCAN_BLOCK = 64  # chunks per step of the scan over a sequence's chunks
-# the backward at 16384 elements (a whole chunk of 128 x 128 per step): the fused op's division backward 0.073 ms
-# against 0.095 at 8192 (benchmarks/results/normalized_fused_tiles_h100_session17.log)
-_FWD, _BWD = (8192, 4), (16384, 4)
+# The fused op's division backward was faster at 16384 elements (0.073 against 0.095 ms on an H100,
+# benchmarks/results/normalized_fused_tiles_h100_session17.log) but spills 1.6 KB per thread there (two live
+# 128 x 128 float32 tiles at 4 warps; tests/test_offline_compile.py allows 512 B): not taken.
+_FWD, _BWD = (8192, 4), (8192, 4)
 
 
 @triton.jit
