@@ -95,7 +95,8 @@ def _scan_kernel(x, init, a, carry, total, chunk_offset, H, V, n, a_val,
                  NB: tl.constexpr, BV: tl.constexpr, VARLEN: tl.constexpr, REVERSE: tl.constexpr,
                  HAS_INIT: tl.constexpr, A_TENSOR: tl.constexpr, SCALE: tl.constexpr, EXCLUSIVE: tl.constexpr):
     """Over each sequence's chunks, y = SCALE ? a x : x (x [chunks, H, V]): forward, carry[j] = init + Σ_{i<j} y_i
-    (exclusive); REVERSE, carry[j] = init + Σ_{i>=j} y_i (inclusive; with EXCLUSIVE Σ_{i>j}). total[seq] = init + Σ y."""
+    (exclusive); REVERSE, carry[j] = init + Σ_{i>=j} y_i (inclusive; with EXCLUSIVE Σ_{i>j}).
+    total[seq] = init + Σ y."""
     i_s, i_h, i_v = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     if VARLEN:
         f = tl.load(chunk_offset + i_s)
@@ -312,10 +313,7 @@ def backward_from_output(dout, dzT, out, den, v, a, c0, carry_f, layout, a_val, 
            VARLEN=layout.varlen, HAS_A=need_da, A_TENSOR=a is not None, HAS_C0=c0 is not None, HAS_DV=False,
            OUT_GIVEN=True, SUMS=True, num_warps=_BWD[1])
     carry_b, dz0 = _scan(sums, dzT, a, a_val, layout, H, V, reverse=True, scale=True, exclusive=True)
-    dc0 = None
-    if c0 is not None:  # a Σ dden per sequence (no atomics)
-        dc0 = _scan(dden_sum.view(B * n, H, 1), None, a, a_val, layout, H, 1, reverse=False, scale=True)[1]
-        dc0 = dc0.view(layout.N, H)
+    dc0 = _dc0(dden_sum, a, a_val, layout, H) if c0 is not None else None
     da = da_part.sum(0) if need_da else None
     return dnum, dden, by_head(carry_b, B, n, H, V), da, dz0, dc0
 
@@ -349,11 +347,15 @@ def epilogue_backward(dout, dzT, o, den, v, a, c0, carry_f, layout, a_val, eps, 
            *v.stride(), BR=BR, BV=BV, HAS_A=has_a, HAS_DV=has_a, OUT_GIVEN=False, SUMS=False, num_warps=_BWD[1],
            **common)
     da = da_part.sum(0) if a is not None and has_a else None
-    dc0 = None
-    if c0 is not None and has_a:  # a Σ dden per sequence (no atomics)
-        dc0 = _scan(dden_sum.view(B * n, H, 1), None, a, a_val, layout, H, 1, reverse=False, scale=True)[1]
-        dc0 = dc0.view(layout.N, H)
+    dc0 = _dc0(dden_sum, a, a_val, layout, H) if c0 is not None and has_a else None
     return do, dden, dv, da, (dz0 if has_z0 else None), dc0
+
+
+def _dc0(dden_sum, a, a_val, layout, H):
+    """The gradient of an initial count c0, a Σ dden per sequence [N, H], from the chunks' sums [B * n, H] (a scan,
+    no atomics)."""
+    total = _scan(dden_sum.view(-1, H, 1), None, a, a_val, layout, H, 1, reverse=False, scale=True)[1]
+    return total.view(layout.N, H)
 
 
 class _EpilogueFn(torch.autograd.Function):
@@ -400,9 +402,7 @@ def normalized_epilogue(o, den, v, a, z0, c0, eps, cu_seqlens, final, chunk_size
     a a float or a tensor broadcastable to [H, 1] ([H, 1] or [1]); z0 [N, H, V] and c0 [N, H] or None.
     Gradients reach o, den, v, a, z0, c0."""
     B, T, H, V = v.shape
-    has_a = final or not (isinstance(a, float) and a == 0.0)
-    a_h, a_val = (None, float(a)) if not isinstance(a, torch.Tensor) else \
-        (a.to(torch.float32).reshape(-1).expand(H).contiguous(), 0.0)  # [H] (a 0-d a read by every head)
+    a_h, a_val, has_a = coefficient_a(a, H, final)
     z0 = None if z0 is None else z0.to(torch.float32).contiguous()
     c0 = None if c0 is None else c0.to(torch.float32).contiguous()
     C = int(chunk_size or CHUNK)
@@ -411,6 +411,14 @@ def normalized_epilogue(o, den, v, a, z0, c0, eps, cu_seqlens, final, chunk_size
         return (res[0] if isinstance(res, tuple) else res), None
     out, zT = res
     return out, (zT, final_count(c0, cu_seqlens, B, T, H, v.device))
+
+
+def coefficient_a(a, H, final):
+    """(a as an [H] float32 tensor or None, a as a number (0.0 beside a tensor), whether the a part runs): it runs
+    unless a is the number 0, or always when the final state (whose last row it forms) is asked for."""
+    if isinstance(a, torch.Tensor):
+        return a.to(torch.float32).reshape(-1).expand(H).contiguous(), 0.0, True  # a 0-d a read by every head
+    return None, float(a), final or float(a) != 0.0
 
 
 def final_count(c0, cu_seqlens, B, T, H, device):

@@ -57,24 +57,27 @@ def _coef(name, x, like):
     return x.unsqueeze(-1)
 
 
-def _parts(q, k, a, b, qk_l2_norm, fused=False, b_apart=False):
-    """(b q, k, a, b) after the optional L2 normalization; a, b floats or broadcastable to [..., H, 1].
-    fused: the norm on Triton kernels (ula/ops/_l2norm.py). b_apart: a float b other than 0 is left out of q
-    (returned as the core's scale, else 1.0)."""
-    a, b = _coef("a", a, q), _coef("b", b, q)
-    if qk_l2_norm and fused:
+def _normed(q, k, fused):
+    """q, k L2-normalized per row (Eq. 22); fused: on Triton kernels (ula/ops/_l2norm.py)."""
+    if fused:
         from ._l2norm import l2_normalize
-        q, k = l2_normalize(q, k)
-    elif qk_l2_norm:  # back to the inputs' dtype: CUDA autocast runs the norm in float32 and returns float32
-        q, k = F.normalize(q, dim=-1).to(q.dtype), F.normalize(k, dim=-1).to(k.dtype)
-    if b_apart and isinstance(b, float) and b != 0.0:
-        return q, k, a, b
-    return (q if isinstance(b, float) and b == 1.0 else b * q), k, a, 1.0
+        return l2_normalize(q, k)
+    # back to the inputs' dtype: CUDA autocast runs the norm in float32 and returns float32
+    return F.normalize(q, dim=-1).to(q.dtype), F.normalize(k, dim=-1).to(k.dtype)
+
+
+def _parts(q, k, a, b, qk_l2_norm, fused=False):
+    """(b q, k, a) after the optional L2 normalization; a, b floats or broadcastable to [..., H, 1].
+    fused: the norm on Triton kernels (ula/ops/_l2norm.py)."""
+    a, b = _coef("a", a, q), _coef("b", b, q)
+    if qk_l2_norm:
+        q, k = _normed(q, k, fused)
+    return (q if isinstance(b, float) and b == 1.0 else b * q), k, a
 
 
 def _augment(q, k, v, a, b, qk_l2_norm):
     """q' = [b q, a], k' = [k, 1], v' = [v, 1] (the one-step form)."""
-    qb, k, a, _ = _parts(q, k, a, b, qk_l2_norm)
+    qb, k, a = _parts(q, k, a, b, qk_l2_norm)
     va = with_ones_column(v)
     a = qb.new_full((*qb.shape[:-1], 1), a) if isinstance(a, float) else a.expand(*qb.shape[:-1], 1)
     qa = torch.cat([qb, a], -1)
@@ -137,13 +140,15 @@ def normalized_linear_attention(q, k, v, a=1.0, b=1.0, *, qk_l2_norm=True, eps=1
         # a float b is the core's scale, and with it the L2 norm's backward is formed by the core's dQ and dK passes
         # where a row fits one tile (ula/ops/_normalized_fused.py)
         from ..core.triton.output import project_fits
-        l2_in = (qk_l2_norm and isinstance(b, (int, float)) and not isinstance(b, bool) and b != 0
-                 and project_fits(K))
-        qx, kx, a, scale = _parts(q, k, a, b, qk_l2_norm and not l2_in, fused, b_apart=True)
-        out, fin, last = _fused(qx, kx, v, a, scale, l2_in, init, z0, c0, eps, cu_seqlens, chunk_size, backend,
-                                output_final_state)
+        a, b = _coef("a", a, q), _coef("b", b, q)
+        b_is_scale = isinstance(b, float) and b != 0.0
+        l2_in = qk_l2_norm and b_is_scale and project_fits(K)
+        if qk_l2_norm and not l2_in:
+            q, k = _normed(q, k, True)
+        out, fin, last = _fused(q if b_is_scale else b * q, k, v, a, b if b_is_scale else 1.0, l2_in, init, z0, c0,
+                                eps, cu_seqlens, chunk_size, backend, output_final_state)
         return out, _final_state(fin, last)
-    qb, k, a, _ = _parts(q, k, a, b, qk_l2_norm, fused)
+    qb, k, a = _parts(q, k, a, b, qk_l2_norm, fused)
     # the b part with its normalizer: values [v, 1] in one core call, the column of ones implicit
     o, den, fin = linear_attention_with_ones(qb, k, v, scale=1.0, initial_state=init,
                                              output_final_state=output_final_state, cu_seqlens=cu_seqlens,
@@ -166,9 +171,7 @@ def _fused(qb, k, v, a, scale, l2, init, z0, c0, eps, cu_seqlens, chunk_size, ba
     S0, n0 = (None, None) if init is None else init
     check_linear_attention(qb, k, v, None, None, scale, S0, cu_seqlens, chunk_size, backend, None)
     C = int(chunk_size) if chunk_size is not None else chunk_fn(backend, qb.device).pick_chunk(None, None)
-    a_h, a_val = (None, float(a)) if not isinstance(a, torch.Tensor) else \
-        (a.to(torch.float32).reshape(-1).expand(H).contiguous(), 0.0)  # [H] (a 0-d a read by every head)
-    has_a = final or not (a_h is None and a_val == 0.0)
+    a_h, a_val, has_a = epi.coefficient_a(a, H, final)
     f32 = lambda x: None if x is None else x.to(torch.float32).contiguous()  # noqa: E731
     out, S, n, zT = normalized_fused(qb, k, v, a_h, a_val, scale, l2, f32(S0), f32(n0), f32(z0), f32(c0), eps,
                                      cu_seqlens, C, has_a)

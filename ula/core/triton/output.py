@@ -256,8 +256,8 @@ def _own_span(b_base, c_base, rs, ce, live, BT: tl.constexpr, vc, mv, K, V, H, D
 
 @triton.jit
 def _output_kernel(q, k, v, b, c, u, border, h0, o, dg_a, dg_out, du_out, n_border, n0, den, e, r1_border, r1_n0, c0,
-                   px, pr, flags, cu, chunk_seq, chunk_start, T, H, K, V, NC, sb_b, sc_b, s_sk, s_sv, scale_inter, scale_intra,
-                   dg_coef, dg_slab, eps,
+                   px, pr, flags, cu, chunk_seq, chunk_start, T, H, K, V, NC, sb_b, sc_b, s_sk, s_sv, scale_inter,
+                   scale_intra, dg_coef, dg_slab, eps,
                    DB: tl.constexpr, C: tl.constexpr, NRB: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
                    BV: tl.constexpr, HAS_B: tl.constexpr, HAS_C: tl.constexpr, VEC: tl.constexpr,
                    HAS_H0: tl.constexpr, REVERSE: tl.constexpr, VARLEN: tl.constexpr, DOT: tl.constexpr,
