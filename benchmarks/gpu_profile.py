@@ -3,7 +3,8 @@
     python3 benchmarks/gpu_profile.py [--kinds none,constant,scalar,vector] [--shape 2,8192,16,128,128]
 (kinds may also name ops of ula.bench.families: gla, mlstm_exp, normalized, gsa, ...)
 
-Prints, for each kind, the median f+b time and a table of kernels (calls, total ms over 5 iterations / 5)."""
+Prints, for each kind, the median f+b time and a table of kernels (calls, total ms over 5 iterations / 5); with
+--ordered also one iteration's launches in order."""
 import argparse
 import json
 import os
@@ -32,7 +33,12 @@ def profile(fn, args, iters=5):
             per[e.name][0] += 1
             per[e.name][1] += e.device_time_total / 1e3
     rows = sorted(((n, c // iters, ms / iters) for n, (c, ms) in per.items()), key=lambda r: -r[2])
-    return t, rows, fb
+    # one iteration's launches in order (the last fifth of the events by start time)
+    ev = sorted((e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA),
+                key=lambda e: e.time_range.start)
+    n = len(ev) // iters
+    order = [(e.name, e.device_time_total / 1e3) for e in ev[-n:]] if n else []
+    return t, rows, fb, order
 
 
 def host_profile(fb, iters=20):
@@ -59,6 +65,7 @@ def main():
     ap.add_argument("--kinds", default="none,constant,scalar,vector")
     ap.add_argument("--shape", default="2,8192,16,128,128")
     ap.add_argument("--host", action="store_true", help="also profile the Python (launch) side")
+    ap.add_argument("--ordered", action="store_true", help="also list one iteration's launches in order")
     ap.add_argument("--chunk", type=int, default=None, help="chunk size (default: the heuristic's)")
     a = ap.parse_args()
     shape = tuple(int(x) for x in a.shape.split(","))
@@ -70,12 +77,16 @@ def main():
                                                                                    torch.bfloat16))
         else:
             fn, args = ours(kind, *shape, C=a.chunk)
-        t, rows, fb = profile(fn, args)
+        t, rows, fb, order = profile(fn, args)
         _, _, peak = measure(fn, args)
         print(f"== {kind} chunk {a.chunk or 'auto'}: f+b {t:.3f} ms (median), peak {peak:.0f} MiB; "
               f"GPU kernels sum {sum(r[2] for r in rows):.3f} ms; per iteration:")
         for n, c, ms in rows[:14]:
             print(f"  {ms:7.3f} ms  x{c:<3d} {n[:110]}")
+        if a.ordered:
+            print("  one iteration in launch order:")
+            for n, ms in order:
+                print(f"    {ms:7.3f} ms  {n[:100]}")
         if a.host:
             host_profile(fb)
         del fn, args

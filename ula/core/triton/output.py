@@ -530,8 +530,11 @@ def chunk_output(q, k, v, b, c, border, h0, scale, layout, reverse, dot, out_dty
     # replays (ULA_TUNE_OUTPUT=64,64,128,4,1 in benchmarks/results/pending14_h100_session15.log). The dV pass with a
     # rank-one term (normalized attention's a part) keeps the default: 1.454-1.459 ms against 1.469-1.476 for
     # normalized f+b at one stage, the same o every call at four shapes
-    # (benchmarks/results/pending17_h100_session17_stages.log).
-    if (den is not None or (r1 and state_transposed)) and not is_tuned(name):
+    # (benchmarks/results/pending17_h100_session17_stages.log). Without a key gate or decay (normalized attention) the
+    # dQ and dK passes keep the default too: 0.177 / 0.180 against 0.196 / 0.198 ms at one stage, the same dq, dk
+    # every call (benchmarks/results/pending18_h100_session18_part{1,2}.log); its forward still differs from call
+    # to call at 2 or 3 stages.
+    if (den is not None or (r1 and state_transposed and (gate is not None or b is not None))) and not is_tuned(name):
         stages = 1
     if h0 is not None and h0.dtype != border.dtype:
         # read like the border states (the matmul rounds both to its operand type alike)

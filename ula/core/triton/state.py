@@ -123,6 +123,27 @@ def _split3(s, BT: tl.constexpr):
 
 
 @triton.jit
+def _split_kernel(e, parts, N, BLOCK: tl.constexpr):
+    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    m = i < N
+    p = _split3(tl.load(e + i, mask=m, other=0.0).to(tl.float32), BLOCK)
+    tl.store(parts + i.to(tl.int64)[:, None] * NW + tl.arange(0, NW)[None, :], p.to(parts.dtype.element_ty),
+             mask=m[:, None])
+
+
+def split_parts(e):
+    """e [B, T, H] float32 as the state kernel's SPLIT weights: [B, T, H, NW] bfloat16, columns 0-2 _split3's parts, the
+    others 0. One pass before the state call: split there, inside its sequential loop over chunks, the backward's
+    state call with the normalizer's gradient took 0.113 ms against 0.086 with ones, and 0.148 with the parts formed a
+    chunk ahead; 0.090 + 0.004 this way (H100 B2 T8192 H16 K=V=128, benchmarks/results/pending18_h100_session18_part1,
+    part2_prefetch_reverted and part2 .log)."""
+    parts = torch.empty((*e.shape, int(NW)), device=e.device, dtype=torch.bfloat16)
+    n = e.numel()
+    launch(_split_kernel, (cdiv(n, 256),), e, parts, n, BLOCK=256)
+    return parts
+
+
+@triton.jit
 def _rows_into_state(S, n, r0, ce, k_base, v_base, c_base, e_base, c_end, f, kc, vc, mk, mv, K, V, H, scale,
                      DB: tl.constexpr, BT: tl.constexpr, HAS_F: tl.constexpr, HAS_C: tl.constexpr, DOT: tl.constexpr,
                      ONES: tl.constexpr, HAS_E: tl.constexpr, SPLIT: tl.constexpr):
@@ -135,8 +156,9 @@ def _rows_into_state(S, n, r0, ce, k_base, v_base, c_base, e_base, c_end, f, kc,
     kt = operand(tl.load(k_base + r64[:, None] * K + kc[None, :], mask=mr[:, None] & mk[None, :], other=0.0), DOT)
     vt = operand(tl.load(v_base + r64[:, None] * V + vc[None, :], mask=mr[:, None] & mv[None, :], other=0.0), DOT)
     if ONES and SPLIT:  # k as loaded (exact in bfloat16) against the rows' weights in three parts (or ones)
-        if HAS_E:
-            sr = _split3(tl.load(e_base + r64, mask=mr, other=0.0).to(tl.float32), BT)
+        if HAS_E:  # the parts as split_parts stored them ([B, T, H, NW] bfloat16, e_base at this head's row 0)
+            cols = tl.arange(0, NW)
+            sr = operand(tl.load(e_base + r64[:, None] * NW + cols[None, :], mask=mr[:, None], other=0.0), DOT)
         else:
             sr = tl.where(tl.arange(0, NW)[None, :] == 0, 1.0, tl.zeros([BT, NW], dtype=tl.float32))
         n = n + mm(tl.trans(kt), sr, DOT) * scale
@@ -213,6 +235,10 @@ def _state_kernel(k, v, b, c, u, h0, border, final, partner, X, n0, n_border, n_
     row0, k_base, v_base, b_base, c_base, u_base, e_base = head_bases(k, v, b, c, u, e, i_b, i_h, T, H, K, V, sb_b,
                                                                       sc_b, DB)
     kv_off = kc[:, None] * V + vc[None, :]
+    # SPLIT (see NW): bfloat16 matmuls (3: emulated) and k entering as loaded (no decay, no gate)
+    SPLIT: tl.constexpr = ONES and (DOT == 2 or DOT == 3) and not (HAS_B or GATE)
+    if SPLIT and HAS_E:  # e as its parts, NW per step
+        e_base = e + row0 * NW
     chunk0 = (i_b.to(tl.int64) * H + i_h) * NC + c0  # this sequence's first chunk among all [B, H, n]
     bord_base = border + chunk0 * K * V
     S = tl.zeros([BK, BV], dtype=tl.float32)
@@ -220,8 +246,6 @@ def _state_kernel(k, v, b, c, u, h0, border, final, partner, X, n0, n_border, n_
         S += tl.load(h0 + (i_n.to(tl.int64) * H + i_h) * K * V + kv_off, mask=mkv, other=0.0).to(tl.float32)
     # ONES (decays with one value per step): n, the state's column for one more column of v (ones, or e with
     # HAS_E), kept by every V tile and stored by the first
-    # SPLIT (see NW): bfloat16 matmuls (3: emulated) and k entering as loaded (no decay, no gate)
-    SPLIT: tl.constexpr = ONES and (DOT == 2 or DOT == 3) and not (HAS_B or GATE)
     n = tl.zeros([BK, NW], dtype=tl.float32)
     n_ok = mk & (i_v == 0)
     if ONES and HAS_H0:
@@ -339,6 +363,8 @@ def chunk_states(k, v, b, c, h0, layout, reverse, dot, state_dtype=torch.float32
     if partner is not None:
         X = alloc((B, H, layout.n, cdiv(K, BK), V) if partner_right else (B, H, layout.n, NVT, K), k.device)
     n_border = n_final = None
+    if e is not None and dot in (2, 3) and b is None and gate is None:  # SPLIT (the kernel's test) reads e's parts
+        e = split_parts(e)
     if ones:
         assert c is None and (b is None or b.shape[-1] == 1) and (partner is None or partner_n is not None)
         n_border = alloc((B, H, layout.n, K), k.device, state_dtype)

@@ -1,0 +1,38 @@
+#!/bin/bash
+# Session 18: normalized attention toward 1.2x our linear attention. From the repository root with $OUT set:
+#     bash benchmarks/gpu_pending_session18.sh 1   # where the time goes: one iteration's launches in order
+#                                                  # (normalized, linear, normalized without the L2 norm), and the
+#                                                  # output kernels' software pipelining (2, 3 stages, by hand)
+#                                                  # against the default: profile and repeated calls
+#     bash benchmarks/gpu_pending_session18.sh 2   # (normalized's dQ and dK passes at the default stages, the
+#                                                  # backward state call's e loaded a chunk ahead) smoke, repeated
+#                                                  # calls at four shapes, the ordered profile, our families on this
+#                                                  # tree, .base (git archive of the commit before), this tree again
+# Writes $OUT/pending18.log (every command's output under a header, the device line, the measured files' checksums).
+NAME=pending18
+source "$(dirname "$0")/gpu_pending_common.sh"
+PROF="benchmarks/gpu_profile.py --ordered --kinds"
+repeats() {  # repeat_calls OPS SHAPE...: forward and gradients bitwise the same over calls
+    local ops=$1; shift
+    for SH in "$@"; do run "${PRE[@]}" python3 benchmarks/gpu_repeat_calls.py --ops "$ops" --shape "$SH" --calls 3 --grad; done
+}
+FAM="--sections ops --ours normalized,linear,normalized_nol2 --peers none --rounds 3 --graph --budget-s 150"
+families() {  # families TREE:NAME...: graph-replay timings of each tree (. this one, .base, .prev), $OUT/fam_NAME
+    for t in "$@"; do run python3 "${t%%:*}"/benchmarks/gpu_families_vs_peers.py $FAM --out "$OUT/fam_${t##*:}"; done
+}
+SHAPES4="2,8192,16,128,128 3,3000,4,64,128 2,4096,8,256,256 4,2048,32,32,32"
+case "$PART" in
+1) PRE=()
+   run python3 $PROF normalized,linear,normalized_nol2
+   for S in 2 3; do
+     PRE=(ULA_TUNE_OUTPUT=64,64,128,4,$S)
+     run "${PRE[@]}" python3 $PROF normalized,linear
+     repeats normalized,linear 2,8192,16,128,128 3,3000,4,64,128
+   done ;;
+2) PRE=()
+   run python3 benchmarks/gpu_smoke.py --parts ones,families,repeat
+   repeats normalized,normalized_nol2,normalized_pos $SHAPES4
+   run python3 $PROF normalized,linear
+   families .:new .base:base .:new2 ;;
+esac
+echo "### done" >> "$LOG"
