@@ -8,6 +8,8 @@
 #                                                  # backward state call's e loaded a chunk ahead) smoke, repeated
 #                                                  # calls at four shapes, the ordered profile, our families on this
 #                                                  # tree, .base (git archive of the commit before), this tree again
+#     bash benchmarks/gpu_pending_session18.sh 3   # normalized and linear at chunks 64 and 256 (ordered profiles)
+#     bash benchmarks/gpu_pending_session18.sh 4   # bf16 error against float64 of normalized and normalized_pos
 # Writes $OUT/pending18.log (every command's output under a header, the device line, the measured files' checksums).
 NAME=pending18
 source "$(dirname "$0")/gpu_pending_common.sh"
@@ -34,5 +36,8 @@ case "$PART" in
    repeats normalized,normalized_nol2,normalized_pos $SHAPES4
    run python3 $PROF normalized,linear
    families .:new .base:base .:new2 ;;
+3) for C in 64 256; do run python3 $PROF normalized,linear --chunk $C; done ;;
+4) run python3 benchmarks/gpu_hardening.py --sections quality --q-ops normalized,normalized_pos --budget-s 120 \
+       --out "$OUT/quality_new" ;;
 esac
 echo "### done" >> "$LOG"
