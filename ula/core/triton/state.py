@@ -7,8 +7,8 @@ import torch
 import triton
 import triton.language as tl
 
-from .utils import (alloc, block, cdiv, head_bases, is_tuned, launch, mm, multiprocessors, operand, round_bf16,
-                    stages_of, tuned, warps_for)
+from .utils import (DOT_BF16, DOT_BF16_EMULATED, alloc, block, cdiv, head_bases, is_tuned, launch, mm, multiprocessors,
+                    operand, round_bf16, stages_of, tuned, warps_for)
 
 
 @triton.jit
@@ -213,7 +213,7 @@ def _state_kernel(k, v, b, c, u, h0, border, final, partner, X, n0, n_border, n_
                   DB: tl.constexpr, C: tl.constexpr, NB: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
                   HAS_B: tl.constexpr, HAS_C: tl.constexpr, HAS_H0: tl.constexpr, REVERSE: tl.constexpr,
                   VARLEN: tl.constexpr, DOT: tl.constexpr, HAS_X: tl.constexpr, GATE: tl.constexpr, ONES: tl.constexpr,
-                  HAS_E: tl.constexpr, XR: tl.constexpr):
+                  HAS_E: tl.constexpr, XR: tl.constexpr, SPLIT: tl.constexpr):
     i_nh, i_k, i_v = tl.program_id(0), tl.program_id(1), tl.program_id(2)  # sequences x heads on axis 0
     i_n, i_h = i_nh // H, i_nh % H
     if VARLEN:
@@ -235,9 +235,7 @@ def _state_kernel(k, v, b, c, u, h0, border, final, partner, X, n0, n_border, n_
     row0, k_base, v_base, b_base, c_base, u_base, e_base = head_bases(k, v, b, c, u, e, i_b, i_h, T, H, K, V, sb_b,
                                                                       sc_b, DB)
     kv_off = kc[:, None] * V + vc[None, :]
-    # SPLIT (see NW): bfloat16 matmuls (3: emulated) and k entering as loaded (no decay, no gate)
-    SPLIT: tl.constexpr = ONES and (DOT == 2 or DOT == 3) and not (HAS_B or GATE)
-    if SPLIT and HAS_E:  # e as its parts, NW per step
+    if SPLIT and HAS_E:  # e as its parts, NW per step (chunk_states decides SPLIT)
         e_base = e + row0 * NW
     chunk0 = (i_b.to(tl.int64) * H + i_h) * NC + c0  # this sequence's first chunk among all [B, H, n]
     bord_base = border + chunk0 * K * V
@@ -363,7 +361,10 @@ def chunk_states(k, v, b, c, h0, layout, reverse, dot, state_dtype=torch.float32
     if partner is not None:
         X = alloc((B, H, layout.n, cdiv(K, BK), V) if partner_right else (B, H, layout.n, NVT, K), k.device)
     n_border = n_final = None
-    if e is not None and dot in (2, 3) and b is None and gate is None:  # SPLIT (the kernel's test) reads e's parts
+    # SPLIT (see NW): the normalizer with bfloat16 matmuls (emulated too) and k entering as loaded (no decay, no gate);
+    # its weights e are read as their parts
+    split = ones and dot in (DOT_BF16, DOT_BF16_EMULATED) and b is None and gate is None
+    if split and e is not None:
         e = split_parts(e)
     if ones:
         assert c is None and (b is None or b.shape[-1] == 1) and (partner is None or partner_n is not None)
@@ -382,7 +383,7 @@ def chunk_states(k, v, b, c, h0, layout, reverse, dot, state_dtype=torch.float32
            (c.stride(0) if c is not None and c.shape[0] > 1 else 0), float(scale),
            DB=DB, C=layout.C, NB=layout.C // BT, BT=BT, BK=BK, BV=BV, HAS_B=b is not None, HAS_C=c is not None,
            HAS_H0=h0 is not None, REVERSE=reverse, VARLEN=layout.varlen, DOT=dot, HAS_X=X is not None,
-           GATE=gate is not None, ONES=ones, HAS_E=e is not None, XR=partner_right,
+           GATE=gate is not None, ONES=ones, HAS_E=e is not None, XR=partner_right, SPLIT=split,
            num_warps=W, num_stages=stages_of("state", 4))
     if ones:
         return border, final, X, (n_border, n_final)
