@@ -20,14 +20,6 @@
 # Writes $OUT/pending17.log (every command's output under a header, the device line, the measured files' checksums).
 NAME=pending17
 source "$(dirname "$0")/gpu_pending_common.sh"
-FAM="--sections ops --ours normalized,linear,normalized_nol2 --peers none --rounds 3 --graph --budget-s 150"
-repeats() {  # repeat_calls OPS SHAPE...: forward and gradients bitwise the same over calls
-    local ops=$1; shift
-    for SH in "$@"; do run python3 benchmarks/gpu_repeat_calls.py --ops "$ops" --shape "$SH" --calls 3 --grad; done
-}
-families() {  # families TREE:NAME...: graph-replay timings of each tree (. this one, .base, .prev), $OUT/fam_NAME
-    for t in "$@"; do run python3 "${t%%:*}"/benchmarks/gpu_families_vs_peers.py $FAM --out "$OUT/fam_${t##*:}"; done
-}
 checks() {  # smoke, quality of this tree, kernel profile
     run python3 benchmarks/gpu_smoke.py --parts ones,families,repeat
     repeats "$@"

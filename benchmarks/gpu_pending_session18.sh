@@ -19,15 +19,6 @@
 # Writes $OUT/pending18.log (every command's output under a header, the device line, the measured files' checksums).
 NAME=pending18
 source "$(dirname "$0")/gpu_pending_common.sh"
-PROF="benchmarks/gpu_profile.py --ordered --kinds"
-repeats() {  # repeat_calls OPS SHAPE...: forward and gradients bitwise the same over calls
-    local ops=$1; shift
-    for SH in "$@"; do run "${PRE[@]}" python3 benchmarks/gpu_repeat_calls.py --ops "$ops" --shape "$SH" --calls 3 --grad; done
-}
-FAM="--sections ops --ours normalized,linear,normalized_nol2 --peers none --rounds 3 --graph --budget-s 150"
-families() {  # families TREE:NAME...: graph-replay timings of each tree (. this one, .base, .prev), $OUT/fam_NAME
-    for t in "$@"; do run python3 "${t%%:*}"/benchmarks/gpu_families_vs_peers.py $FAM --out "$OUT/fam_${t##*:}"; done
-}
 SHAPES4="2,8192,16,128,128 3,3000,4,64,128 2,4096,8,256,256 4,2048,32,32,32"
 case "$PART" in
 1) PRE=()

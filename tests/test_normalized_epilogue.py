@@ -179,3 +179,42 @@ def test_fused_l2_norm(one_thread):
         ((yq.double() * gq).sum() + (yk.double() * gk).sum()).backward()
         errs[name] = (yq, yk, x[0].grad, x[1].grad)
     check({n: rel(a, b) for n, a, b in zip(("q", "k", "dq", "dk"), errs["fused"], errs["ref"])}, seed)
+
+
+@pytest.mark.parametrize("l2,sums", [(True, True), (True, False), (False, True)])
+@pytest.mark.parametrize("varlen", [False, True])
+def test_prepare_pass(one_thread, l2, sums, varlen):
+    """The one pass before the fused forward (ula/ops/_normalized_prepare.py): the normalized rows and 1 / |x|
+    against F.normalize in float64, the chunk sums of v against sums over each chunk of the layout (T not a
+    multiple of the chunk; with varlen chunks start at each sequence's start), a zero row (r negative there)."""
+    from ula.core.triton.chunk import make_layout
+    from ula.ops._normalized_prepare import prepare
+    seed = fresh_seed()
+    K, V, C = 24, 40, 16
+    B, T, cu = (1, 53, torch.tensor([0, 19, 20, 53])) if varlen else (2, 37, None)
+    q, k, v = torch.randn(B, T, H, K), torch.randn(B, T, H, K) * 3, torch.randn(B, T, H, V)
+    q[0, 3, 1] = 0.0
+    layout = make_layout(B, T, C, cu, q.device)
+    qn, kn, rq, rk, s = prepare(q, k, v, layout, l2, sums)
+    errs = {}
+    if l2:
+        for name, x, y, r in (("q", q, qn, rq), ("k", k, kn, rk)):
+            x64 = x.double()
+            errs[name] = rel(y, F.normalize(x64, dim=-1))
+            norm = x64.norm(dim=-1)
+            want = torch.where(norm >= 1e-12, 1 / norm.clamp_min(1e-12), -1 / norm.clamp_min(1e-12))
+            errs["r" + name] = rel(r, want)
+        assert rq[0, 3, 1] < 0 and torch.isfinite(rq).all()
+    else:
+        assert qn is q and kn is k and rq is None and rk is None
+    if sums:
+        starts = [0] if cu is None else cu[:-1].tolist()
+        ends = [T] if cu is None else cu[1:].tolist()
+        want = []
+        for b in range(B):
+            for s0, e0 in zip(starts, ends):
+                want += [v[b, c0:min(c0 + C, e0)].double().sum(0) for c0 in range(s0, e0, C)]
+        errs["v_sums"] = rel(s, torch.stack(want))
+    else:
+        assert s is None
+    check(errs, seed)

@@ -17,42 +17,43 @@ _TILE = 4096  # elements of a [rows, D] tile
 
 
 @triton.jit
-def _l2norm_kernel(x, dy, y, r, R, D, eps, BR: tl.constexpr, BD: tl.constexpr, BACKWARD: tl.constexpr,
-                   STORE_R: tl.constexpr):
+def unit_rows(xt, eps):
+    """(xt / max(|x|, eps) per row, |x|, max(|x|, eps)) of a float32 [rows, D] tile holding whole rows."""
+    n = tl.sqrt(tl.sum(xt * xt, 1))
+    d = tl.maximum(n, eps)
+    return xt / d[:, None], n, d
+
+
+@triton.jit
+def signed_inverse(n, d, eps):
+    """1 / max(|x|, eps), negative where the clamp acts (there the backward has no projection term)."""
+    return tl.where(n >= eps, 1.0 / d, -1.0 / d)
+
+
+@triton.jit
+def _l2norm_kernel(x, dy, y, R, D, eps, BR: tl.constexpr, BD: tl.constexpr, BACKWARD: tl.constexpr):
     rows = tl.program_id(0) * BR + tl.arange(0, BR)
     cols = tl.arange(0, BD)
     mk = (rows < R)[:, None] & (cols < D)[None, :]
     off = rows.to(tl.int64)[:, None] * D + cols[None, :]
     xt = tl.load(x + off, mask=mk, other=0.0).to(tl.float32)
-    n = tl.sqrt(tl.sum(xt * xt, 1))
-    d = tl.maximum(n, eps)
-    yt = xt / d[:, None]
+    yt, n, d = unit_rows(xt, eps)
     if BACKWARD:  # (dy - y (Σ dy·y)) / d, the second term where the clamp passes
         g = tl.load(dy + off, mask=mk, other=0.0).to(tl.float32)
         s = tl.where(n >= eps, tl.sum(g * yt, 1), 0.0)
         yt = (g - yt * s[:, None]) / d[:, None]
     tl.store(y + off, yt.to(y.dtype.element_ty), mask=mk)
-    if STORE_R:  # 1 / max(|x|, eps), negative where the clamp acts (there the backward has no projection term)
-        tl.store(r + rows, tl.where(n >= eps, 1.0 / d, -1.0 / d), mask=rows < R)
 
 
-def _run(x, dy, eps, with_r=False):
+def _run(x, dy, eps):
     D = x.shape[-1]
     R = x.numel() // D
     BD = block(D, 1 << 30)
     BR = max(1, _TILE // BD)
     y = alloc(x.shape, x.device, x.dtype)
-    r = alloc(x.shape[:-1], x.device) if with_r else None
-    launch(_l2norm_kernel, (cdiv(R, BR),), x, dy if dy is not None else x, y, r if with_r else y, R, D, eps, BR=BR,
-           BD=BD, BACKWARD=dy is not None, STORE_R=with_r)
-    return (y, r) if with_r else y
-
-
-def normalize_rows(x, eps=1e-12):
-    """(x / max(|x|, eps) in x's dtype, r [...] float32): r = 1 / max(|x|, eps), negative where the clamp acts. For a
-    consumer that forms the backward itself, dx = (dy - y (Σ dy·y)) |r| with the second term where r > 0 (the core's
-    dQ and dK passes, ula/ops/_normalized_fused.py); no autograd."""
-    return _run(x.contiguous(), None, float(eps), with_r=True)
+    launch(_l2norm_kernel, (cdiv(R, BR),), x, dy if dy is not None else x, y, R, D, eps, BR=BR, BD=BD,
+           BACKWARD=dy is not None)
+    return y
 
 
 class _L2NormFn(torch.autograd.Function):

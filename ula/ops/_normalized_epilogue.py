@@ -279,17 +279,11 @@ def by_head(x, B, n, H, V):
     return x.view(B, n, H, V).transpose(1, 2).contiguous()
 
 
-def v_prefix(v, z0, layout):
-    """For the core's forward with the a part inside (ula/ops/_normalized_fused.py): per chunk of `layout`, z0 + Σ v
-    over the sequence's earlier chunks, [B * chunks, H, V] float32, and Z_T [N, H, V]."""
-    B, T, H, V = v.shape
-    n = layout.n
-    BV, BR = _tiles(V, layout.C, _FWD[0])
-    sums = alloc((B * n, H, V), v.device)
-    launch(_chunk_sums_kernel, (n, H, B), v, v, v, v, sums, layout.cu, layout.chunk_seq, layout.chunk_start, T, H,
-           V, n, 0.0, 0.0, *v.stride(), 0, 0, 0, C=layout.C, BR=BR, BV=BV, VARLEN=layout.varlen, DIVIDE=False,
-           A_TENSOR=False, HAS_C0=False, num_warps=_FWD[1])
-    return _scan(sums, z0, None, 1.0, layout, H, V, reverse=False, scale=False)
+def v_prefix(sums, z0, layout):
+    """For the core's forward with the a part inside (ula/ops/_normalized_fused.py): from the sums of v over each
+    chunk of `layout` ([B * chunks, H, V] float32, ._normalized_prepare), z0 + Σ v over the sequence's earlier
+    chunks, [B * chunks, H, V] float32, and Z_T [N, H, V]."""
+    return _scan(sums, z0, None, 1.0, layout, sums.shape[1], sums.shape[2], reverse=False, scale=False)
 
 
 def backward_from_output(dout, dzT, out, den, v, a, c0, carry_f, layout, a_val, eps, need_da):

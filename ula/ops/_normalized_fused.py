@@ -4,16 +4,18 @@ core's kernels with the column of ones (ula/core/ones.py).
     out_i = (a Z_i + b q_i S_i) / clamp_sign(a C_i + b q_i z_i)      Z = z0 + Σ v, C = c0 + count, z = Σ k
 
 The constant a is one more feature of q against a constant 1 in k (paper 001's kernel a + b x): a rank-one term of
-the scores (ula/core/triton/output.py, rank_one mode 1), whose state part is z0 + Σ v over the earlier chunks
-(._normalized_epilogue.v_prefix) and whose share of the normalizer is a times the count. The output kernel divides
-before it stores. Backward: dnum = dout / d, dden = -Σ_v dnum out (one kernel, ._normalized_epilogue.
-backward_from_output, with the chunk sums of dnum), then the core's backward with the column of ones, where the dV
-pass carries the a part as a rank-one term (mode 2) with the later chunks' a Σ dnum as its state.
+the scores (ula/core/triton/output.py, rank_one mode 1), whose state part is z0 + Σ v over the earlier chunks (the
+chunk sums of ._normalized_prepare, scanned by ._normalized_epilogue.v_prefix) and whose share of the normalizer is
+a times the count. The output kernel divides before it stores. Backward: dnum = dout / d, dden = -Σ_v dnum out (one
+kernel, ._normalized_epilogue.backward_from_output, with the chunk sums of dnum), then the core's backward with the
+column of ones, where the dV pass carries the a part as a rank-one term (mode 2) with the later chunks' a Σ dnum as
+its state.
 
 A float b is the core's scale (a enters as a / b). With it the L2 norm of q and k (Eq. 22) runs inside too: its
-forward writes the normalized rows and 1 / |x| (._l2norm.normalize_rows), and the dQ and dK passes return the
-gradients of the rows before the norm, (g - x (x·g)) / |x|, from the whole row they hold in one tile (the backward's
-two L2 kernels, 0.135 ms, gone for +0.059 ms in those passes at B2 T8192 H16 K=V=128 on an H100).
+forward writes the normalized rows and 1 / |x| (._normalized_prepare, in one pass with the chunk sums of v), and the
+dQ and dK passes return the gradients of the rows before the norm, (g - x (x·g)) / |x|, from the whole row they hold
+in one tile (the backward's two L2 kernels, 0.135 ms, gone for +0.059 ms in those passes at B2 T8192 H16 K=V=128 on
+an H100).
 
 As an epilogue after the core (session 16, two Functions) this cost a forward kernel (0.080 ms at B2 T8192 H16
 K=V=128 on an H100), the backward's dv of the a part and its add to the core's dv (0.062 ms) and two chunk-sum
@@ -24,7 +26,7 @@ from ..core import precision
 from ..core.ones import _ones_backward, _ones_forward
 from ..core.triton.chunk import make_layout
 from . import _normalized_epilogue as epi
-from ._l2norm import normalize_rows
+from ._normalized_prepare import prepare
 
 
 def _a_per_step(a, a_val, scale, shape, device):
@@ -59,14 +61,13 @@ def _forward(q, k, v, a, S0, n0, z0, c0, a_val, scale, l2, eps, cu_seqlens, C, p
     carry)). The core's scale is b, so a enters as a / b."""
     B, T, H = v.shape[:3]
     rq = rk = None
-    if l2:
-        q, rq = normalize_rows(q)
-        k, rk = normalize_rows(k)
     extra = dict(divide=eps)
     carry = zT = None
-    if has_a:
+    if l2 or has_a:
         layout = make_layout(B, T, C, cu_seqlens, v.device)
-        carry, zT = epi.v_prefix(v, z0, layout)  # z0 + Σ v before each chunk
+        q, k, rq, rk, sums = prepare(q, k, v, layout, l2, has_a)
+    if has_a:
+        carry, zT = epi.v_prefix(sums, z0, layout)  # z0 + Σ v before each chunk
         # the kernel reads chunk i's entering vector as the state after chunk i - 1 (the first from z0)
         after = carry.roll(-1, 0)
         extra.update(rank_one=(1, _a_per_step(a, a_val, scale, (B, T, H), v.device),

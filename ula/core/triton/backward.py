@@ -86,8 +86,8 @@ def fused_backward(q, k, v, ld, h0, do, dS, scale, cu_seqlens, rev, C, need_ld, 
     dv_rank_one = (e [B, T, H], n_border [B, H, chunks, V]) float32: q has one more feature, e, against a constant
     1 in k (normalized attention's a part): dv gets Σ_{i>=j in the chunk} e_i do_i (times scale) plus n_border, the
     rest of that sum from the later chunks (and the final state's gradient), which the caller forms (no decay).
-    project = (rq, rk) [B, T, H] float32: q and k are L2-normalized inputs (ula/ops/_l2norm.normalize_rows); dq and
-    dk are returned as the gradients of the inputs before the norm (the dQ and dK passes form them, K in one tile)."""
+    project = (rq, rk) [B, T, H] float32: q and k are L2-normalized inputs (ula/ops/_normalized_prepare.prepare); dq
+    and dk are returned as the gradients of the inputs before the norm (the dQ and dK passes form them, K in one tile)."""
     T = q.shape[1]
     gl = canonical_left(ld, T)
     vec = gl is not None and gl.shape[-1] > 1

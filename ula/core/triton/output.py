@@ -328,7 +328,11 @@ def _output_kernel(q, k, v, b, c, u, border, h0, o, dg_a, dg_out, du_out, n_bord
                 nt = tl.load(nb_ptr + kc, mask=mk & from_border, other=0.0).to(tl.float32)
                 if HAS_H0:
                     nt += tl.load(n0_ptr + kc, mask=mk & first, other=0.0)
-                den_inter += tl.sum(qt.to(tl.float32) * nt[None, :], 1)
+                # q read again for these float32 products: with the matmul's tile feeding them too, Triton's
+                # software pipelining gave o that differs from call to call (chunk_output); a volatile load is
+                # its own (not merged with the matmul's)
+                qf = tl.load(q_base + ri[:, None] * K + kc[None, :], mask=mik, other=0.0, volatile=True)
+                den_inter += tl.sum(qf.to(tl.float32) * nt[None, :], 1)
         if R1 > 0:  # the extra feature's share through the state: e_i (rows) or 1 times the state's extra vector
             n_head = r1_border + (i_b.to(tl.int64) * H + i_h) * NC * V
             if REVERSE:
@@ -476,7 +480,7 @@ def chunk_output(q, k, v, b, c, border, h0, scale, layout, reverse, dot, out_dty
     e_i times the steps before i plus count0 ([N, H] float32 or None, an initial state's count); divide=eps returns
     o / den instead of o (den's magnitude clamped to at least eps, its sign kept): normalized attention;
     project = (x [B, T, H, V], r [B, T, H] float32): o is the gradient of x = y / |y| (the L2-normalized input of this
-    pass's output rows, r = ±1 / |y| from ula/ops/_l2norm.normalize_rows); returns the gradient of y instead (V in
+    pass's output rows, r = ±1 / |y| from ula/ops/_normalized_prepare.prepare); returns the gradient of y instead (V in
     one tile: project_fits);
     rank_one = (mode, e [B, T, H] float32, n_border [B, H, n, V], n0 [N, H, V] or None): one more feature in the scores,
     e of the rows (mode 1) or of the keys (mode 2) against 1 on the other side, whose state part is n_border (and n0
@@ -521,20 +525,20 @@ def chunk_output(q, k, v, b, c, border, h0, scale, layout, reverse, dot, out_dty
     # A column of ones (forward) or a rank-one term (dQ, dK) keeps the scores live: at 4 warps 64-row tiles spill
     # ~460 / ~200 B per thread on sm_90 (tests/offline_compile.py), none at 8, yet 4 warps are faster: H100 B2 T8192
     # H16 K=V=128 chunk 128, forward / dQ / dK 0.306 / 0.317 / 0.358 ms at 8 warps, 0.201 / 0.264 / 0.302 at 4
-    # (benchmarks/results/ones_warps_h100_session12.txt). But the forward at 4 warps with Triton's default pipelining
-    # (64 x 64 x 128 or 64 x 64 x 64 tiles) gives o that differs from call to call on identical inputs at that shape
-    # (Triton 3.6, H100: a miscompile, as no two programs share an output; mLSTMexp's output error 3.9e-2 against
-    # 3e-3, benchmarks/results/ones_race_h100_session13.log). One stage (no software pipelining) gives the same o
-    # every call at 4 warps, with 2 it differs again. One stage for all three: forward / dQ / dK 0.211 / 0.222 /
-    # 0.254 ms against 0.306 (8 warps) / 0.263 / 0.302, mLSTMexp / mLSTMsig f+b 1.29 against 1.42 in CUDA-graph
-    # replays (ULA_TUNE_OUTPUT=64,64,128,4,1 in benchmarks/results/pending14_h100_session15.log). The dV pass with a
-    # rank-one term (normalized attention's a part) keeps the default: 1.454-1.459 ms against 1.469-1.476 for
-    # normalized f+b at one stage, the same o every call at four shapes
-    # (benchmarks/results/pending17_h100_session17_stages.log). Without a key gate or decay (normalized attention) the
-    # dQ and dK passes keep the default too: 0.177 / 0.180 against 0.196 / 0.198 ms at one stage, the same dq, dk
-    # every call (benchmarks/results/pending18_h100_session18_part{1,2}.log); its forward still differs from call
-    # to call at 2 or 3 stages.
-    if (den is not None or (r1 and state_transposed and (gate is not None or b is not None))) and not is_tuned(name):
+    # (benchmarks/results/ones_warps_h100_session12.txt). The forward at 4 warps with Triton's default pipelining gave
+    # o that differs from call to call on identical inputs (Triton 3.6, H100; benchmarks/results/
+    # ones_race_h100_session13.log) while q's tile fed both the matmul and the normalizer's float32 products q·n
+    # (session 18, results/pending18_h100_session18_part6_ones_inter_mm.log); with q read again for those products the
+    # forward keeps the default stages, the same o every call (normalized, normalized_pos, mLSTMexp at two shapes)
+    # and faster: 0.160 / 0.194 ms against 0.181 / 0.208 at one stage for normalized / mLSTMexp
+    # (results/pending19_h100_session19_part1_2.log). The dQ and dK passes with a rank-one term and a key gate or a
+    # decay (mLSTMexp, linear_attention_with_ones with a decay) take one stage: 0.222 / 0.254 ms against 0.263 /
+    # 0.302 with the default at 4 warps (ULA_TUNE_OUTPUT=64,64,128,4,1 in results/pending14_h100_session15.log, where
+    # the default gave per-call differences too); without them (normalized attention) the default, 0.177 / 0.180
+    # against 0.196 / 0.198 ms at one stage, the same dq, dk every call
+    # (results/pending18_h100_session18_part{1,2}.log), as its dV pass with the a part's rank-one term
+    # (results/pending17_h100_session17_stages.log).
+    if r1 and state_transposed and (gate is not None or b is not None) and not is_tuned(name):
         stages = 1
     if h0 is not None and h0.dtype != border.dtype:
         # read like the border states (the matmul rounds both to its operand type alike)
