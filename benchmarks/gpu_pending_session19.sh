@@ -13,6 +13,10 @@
 #     bash benchmarks/gpu_pending_session19.sh 5   # (the forward at the default stages, q read again, as committed)
 #                                                  # smoke, repeated calls of normalized (3 forms) and mLSTMexp at
 #                                                  # four shapes
+#     bash benchmarks/gpu_pending_session19.sh 6   # (the rank-one state read where the scans leave it: no roll, no
+#                                                  # copies) ordered profiles, the division backward's tiles
+#                                                  # (ULA_TUNE_DIVISION_BACKWARD), smoke, repeated calls, graph
+#                                                  # replays of this tree and .prev (git archive of commit fd8ef2a)
 # Writes $OUT/pending19.log (every command's output under a header, the device line, the measured files' checksums).
 NAME=pending19
 source "$(dirname "$0")/gpu_pending_common.sh"
@@ -36,5 +40,13 @@ case "$PART" in
 5) PRE=()
    run python3 benchmarks/gpu_smoke.py --parts ones,families,repeat
    repeats normalized,normalized_nol2,normalized_pos,mlstm_exp 2,8192,16,128,128 3,3000,4,64,128 2,4096,8,256,256 4,2048,32,32,32 ;;
+6) run python3 $PROF normalized,normalized_nol2,linear
+   for P in 4096,4 8192,8 2048,4 4096,2; do
+     PRE=(ULA_TUNE_DIVISION_BACKWARD=$P); run "${PRE[@]}" python3 $PROF normalized
+   done
+   PRE=()
+   run python3 benchmarks/gpu_smoke.py --parts ones,families,repeat
+   repeats normalized,normalized_nol2,normalized_pos 2,8192,16,128,128 3,3000,4,64,128
+   families .:new .prev:prev ;;
 esac
 echo "### done" >> "$LOG"

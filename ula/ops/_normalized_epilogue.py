@@ -25,7 +25,7 @@ import triton
 import triton.language as tl
 
 from ..core.triton.chunk import make_layout
-from ..core.triton.utils import alloc, block, cdiv, chunk_bounds, launch
+from ..core.triton.utils import alloc, block, cdiv, chunk_bounds, launch, tuned
 
 # Steps per chunk, and (elements of a [rows, V] tile, warps) of the chunk kernels (forward and chunk sums;
 # backward): the fastest of a sweep on an H200 at B2 T8192 H16 V128 bf16 (benchmarks/gpu_normalized_epilogue.py
@@ -34,7 +34,8 @@ CHUNK = 64
 _SCAN_BLOCK = 64  # chunks per step of the scan over a sequence's chunks
 # The fused op's division backward was faster at 16384 elements (0.073 against 0.095 ms on an H100,
 # benchmarks/results/normalized_fused_tiles_h100_session17.log) but spills 1.6 KB per thread there (two live
-# 128 x 128 float32 tiles at 4 warps; tests/test_offline_compile.py allows 512 B): not taken.
+# 128 x 128 float32 tiles at 4 warps; tests/test_offline_compile.py allows 512 B): not taken. The fused op's tile and
+# warps can be set with ULA_TUNE_DIVISION_BACKWARD="elements,warps" (sweeps).
 _FWD, _BWD = (8192, 4), (8192, 4)
 
 
@@ -274,11 +275,6 @@ def epilogue_forward(o, den, v, a, z0, c0, a_val, eps, layout, has_a):
     return out, carry, zT
 
 
-def by_head(x, B, n, H, V):
-    """[B * n, H, V] (chunk-major, as the scans write) -> [B, H, n, V] (the core's per-chunk vectors)."""
-    return x.view(B, n, H, V).transpose(1, 2).contiguous()
-
-
 def v_prefix(sums, z0, layout):
     """For the core's forward with the a part inside (ula/ops/_normalized_fused.py): from the sums of v over each
     chunk of `layout` ([B * chunks, H, V] float32, ._normalized_prepare), z0 + Σ v over the sequence's earlier
@@ -289,11 +285,12 @@ def v_prefix(sums, z0, layout):
 def backward_from_output(dout, dzT, out, den, v, a, c0, carry_f, layout, a_val, eps, need_da):
     """The backward of out = num / clamp_sign(den, eps) where the core divided (den: the whole denominator):
     (dnum in out's dtype, dden, borders, da or None, dz0, dc0 or None) at `layout` (the core's chunks), borders
-    = a Σ_{t in later chunks} dnum_t + ∂L/∂Z_T per chunk, [B, H, chunks, V] float32 (the dV pass's rank-one
+    = a Σ_{t in later chunks} dnum_t + ∂L/∂Z_T per chunk, [B * chunks, H, V] float32 (the dV pass's rank-one
     state), dz0 its total [N, H, V]. carry_f (v_prefix's) and v are read only for da."""
     B, T, H, V = v.shape
     n = layout.n
-    BV, BR = _tiles(V, layout.C, _BWD[0])
+    tile, warps = tuned("division_backward", _BWD)
+    BV, BR = _tiles(V, layout.C, tile)
     dnum = alloc(out.shape, v.device, out.dtype)
     dden = alloc(den.shape, v.device, den.dtype)
     dden_sum = alloc((B * n, H), v.device)
@@ -305,11 +302,11 @@ def backward_from_output(dout, dzT, out, den, v, a, c0, carry_f, layout, a_val, 
            den, dden_sum, da_part if need_da else den, sums, layout.cu, layout.chunk_seq, layout.chunk_start, T, H, V,
            n, float(a_val), float(eps), *out.stride(), *den.stride(), *v.stride(), C=layout.C, BR=BR, BV=BV,
            VARLEN=layout.varlen, HAS_A=need_da, A_TENSOR=a is not None, HAS_C0=c0 is not None, HAS_DV=False,
-           OUT_GIVEN=True, SUMS=True, num_warps=_BWD[1])
+           OUT_GIVEN=True, SUMS=True, num_warps=warps)
     carry_b, dz0 = _scan(sums, dzT, a, a_val, layout, H, V, reverse=True, scale=True, exclusive=True)
     dc0 = _dc0(dden_sum, a, a_val, layout, H) if c0 is not None else None
     da = da_part.sum(0) if need_da else None
-    return dnum, dden, by_head(carry_b, B, n, H, V), da, dz0, dc0
+    return dnum, dden, carry_b, da, dz0, dc0
 
 
 def epilogue_backward(dout, dzT, o, den, v, a, c0, carry_f, layout, a_val, eps, has_a, has_z0):

@@ -68,10 +68,7 @@ def _forward(q, k, v, a, S0, n0, z0, c0, a_val, scale, l2, eps, cu_seqlens, C, p
         q, k, rq, rk, sums = prepare(q, k, v, layout, l2, has_a)
     if has_a:
         carry, zT = epi.v_prefix(sums, z0, layout)  # z0 + Σ v before each chunk
-        # the kernel reads chunk i's entering vector as the state after chunk i - 1 (the first from z0)
-        after = carry.roll(-1, 0)
-        extra.update(rank_one=(1, _a_per_step(a, a_val, scale, (B, T, H), v.device),
-                               epi.by_head(after, B, layout.n, H, v.shape[-1]), z0), count0=c0)
+        extra.update(rank_one=(1, _a_per_step(a, a_val, scale, (B, T, H), v.device), carry, None, True), count0=c0)
     out, den, S, n = _ones_forward(q, k, v, None, None, S0, n0, scale, cu_seqlens, C, prec, **extra)
     return out, S, n, zT, (q, k, rq, rk, out, den, carry)
 

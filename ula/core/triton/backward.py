@@ -83,7 +83,7 @@ def fused_backward(q, k, v, ld, h0, do, dS, scale, cu_seqlens, rev, C, need_ld, 
     gradient of its output column, n0 / dn [N, H, K] its part of the initial state and of the final state's
     gradient (each may be None); then dn0 comes last. Forward direction, decays with one value per step: the
     column enters the dQ and dK passes as a rank-one term of their scores and an extra vector of their states.
-    dv_rank_one = (e [B, T, H], n_border [B, H, chunks, V]) float32: q has one more feature, e, against a constant
+    dv_rank_one = (e [B, T, H], n_border [B * chunks, H, V]) float32: q has one more feature, e, against a constant
     1 in k (normalized attention's a part): dv gets Σ_{i>=j in the chunk} e_i do_i (times scale) plus n_border, the
     rest of that sum from the later chunks (and the final state's gradient), which the caller forms (no decay).
     project = (rq, rk) [B, T, H] float32: q and k are L2-normalized inputs (ula/ops/_normalized_prepare.prepare); dq
@@ -147,7 +147,7 @@ def fused_backward(q, k, v, ld, h0, do, dS, scale, cu_seqlens, rev, C, need_ld, 
     r1v = None
     if dv_rank_one is not None:
         assert gl is None and not rev
-        r1v = (2, dv_rank_one[0], dv_rank_one[1], None)
+        r1v = (2, dv_rank_one[0], dv_rank_one[1], None, True)
     dv = chunk_output(k, q, do, b_bwd, None, g_border, dSf if rev else None, 1.0, layout, not rev, dot, v.dtype,
                       scale_intra=scale, gate=u, gate_rows=True, state_dot=state_dot(dot), rank_one=r1v)
     del g_border

@@ -256,7 +256,8 @@ def _own_span(b_base, c_base, rs, ce, live, BT: tl.constexpr, vc, mv, K, V, H, D
 
 @triton.jit
 def _output_kernel(q, k, v, b, c, u, border, h0, o, dg_a, dg_out, du_out, n_border, n0, den, e, r1_border, r1_n0, c0,
-                   px, pr, flags, cu, chunk_seq, chunk_start, T, H, K, V, NC, sb_b, sc_b, s_sk, s_sv, scale_inter,
+                   px, pr, flags, cu, chunk_seq, chunk_start, T, H, K, V, NC, r1_sh, r1_sc, sb_b, sc_b, s_sk, s_sv,
+                   scale_inter,
                    scale_intra, dg_coef, dg_slab, eps,
                    DB: tl.constexpr, C: tl.constexpr, NRB: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
                    BV: tl.constexpr, HAS_B: tl.constexpr, HAS_C: tl.constexpr, VEC: tl.constexpr,
@@ -264,7 +265,8 @@ def _output_kernel(q, k, v, b, c, u, border, h0, o, dg_a, dg_out, du_out, n_bord
                    LOG_BT: tl.constexpr, DG: tl.constexpr, DG_ACC: tl.constexpr, BKF: tl.constexpr,
                    GATE: tl.constexpr, HAS_DU: tl.constexpr, ONES: tl.constexpr, R1: tl.constexpr, OWN: tl.constexpr,
                    OWN_MAX: tl.constexpr, SDOT: tl.constexpr, ODOT: tl.constexpr,
-                   SPLIT_KEYS: tl.constexpr, HAS_C0: tl.constexpr, DIVIDE: tl.constexpr, PROJECT: tl.constexpr):
+                   SPLIT_KEYS: tl.constexpr, HAS_C0: tl.constexpr, DIVIDE: tl.constexpr, PROJECT: tl.constexpr,
+                   R1_ENTERING: tl.constexpr):
     i_r, i_v, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)  # row blocks on axis 0 (up to 2^31)
     i_b, i_h = i_bh // H, i_bh % H
     i_c = i_r // NRB
@@ -334,11 +336,11 @@ def _output_kernel(q, k, v, b, c, u, border, h0, o, dg_a, dg_out, du_out, n_bord
                 qf = tl.load(q_base + ri[:, None] * K + kc[None, :], mask=mik, other=0.0, volatile=True)
                 den_inter += tl.sum(qf.to(tl.float32) * nt[None, :], 1)
         if R1 > 0:  # the extra feature's share through the state: e_i (rows) or 1 times the state's extra vector
-            n_head = r1_border + (i_b.to(tl.int64) * H + i_h) * NC * V
-            if REVERSE:
-                nt = tl.load(n_head + i_c.to(tl.int64) * V + vc, mask=mv, other=0.0).to(tl.float32)
+            n_head = r1_border + i_b.to(tl.int64) * H * NC * V + i_h * r1_sh  # head i_h's vector per chunk
+            if REVERSE or R1_ENTERING:  # the vector entering this chunk (going forward: its initial state in it)
+                nt = tl.load(n_head + i_c.to(tl.int64) * r1_sc + vc, mask=mv, other=0.0).to(tl.float32)
             else:
-                nt = tl.load(n_head + tl.maximum(i_c - 1, 0).to(tl.int64) * V + vc, mask=mv & from_border,
+                nt = tl.load(n_head + tl.maximum(i_c - 1, 0).to(tl.int64) * r1_sc + vc, mask=mv & from_border,
                              other=0.0).to(tl.float32)
                 if HAS_H0:
                     nt += tl.load(r1_n0 + (seq.to(tl.int64) * H + i_h) * V + vc, mask=mv & first, other=0.0)
@@ -482,9 +484,11 @@ def chunk_output(q, k, v, b, c, border, h0, scale, layout, reverse, dot, out_dty
     project = (x [B, T, H, V], r [B, T, H] float32): o is the gradient of x = y / |y| (the L2-normalized input of this
     pass's output rows, r = ±1 / |y| from ula/ops/_normalized_prepare.prepare); returns the gradient of y instead (V in
     one tile: project_fits);
-    rank_one = (mode, e [B, T, H] float32, n_border [B, H, n, V], n0 [N, H, V] or None): one more feature in the scores,
-    e of the rows (mode 1) or of the keys (mode 2) against 1 on the other side, whose state part is n_border (and n0
-    for the first chunk going forward): the backward's dQ and dK passes of a column of ones in v (ula/core/ones.py);
+    rank_one = (mode, e [B, T, H] float32, n_border [B, H, n, V], n0 [N, H, V] or None[, entering]): one more feature
+    in the scores, e of the rows (mode 1) or of the keys (mode 2) against 1 on the other side, whose state part is
+    n_border (and n0 for the first chunk going forward): the backward's dQ and dK passes of a column of ones in v
+    (ula/core/ones.py); with entering true, n_border is [B * n, H, V], the vector entering each chunk in the pass's
+    direction (its initial state included: n0 unused);
     state_dot: the matmul code of the part through the states (utils.state_dot), default `dot`."""
     B, T, H, K = q.shape
     V = v.shape[-1]
@@ -511,13 +515,18 @@ def chunk_output(q, k, v, b, c, border, h0, scale, layout, reverse, dot, out_dty
         du_out = alloc(slabs, q.device)
     s_sk, s_sv = (1, K) if state_transposed else (V, 1)
     den = n_border = n0 = r1_border = r1_n0 = None
-    r1, e = 0, None
+    r1, e, entering = 0, None, False
     if rank_one is not None:
         assert not vec and (ones is None or (rank_one[0] == 1 and b is None))
-        r1, e, r1_border, r1_n0 = rank_one
+        r1, e, r1_border, r1_n0 = rank_one[:4]
+        entering = len(rank_one) > 4 and rank_one[4]
+    # the rank-one state's (head, chunk) strides: [B, H, chunks, V] (the state kernels' layout) or, entering,
+    # [B * chunks, H, V] (the scans' of ula/ops/_normalized_epilogue.py)
+    r1_sh, r1_sc = (V, H * V) if entering else (layout.n * V, V)
     assert (divide is None or ones is not None) and (count0 is None or (ones is not None and r1 == 1))
     assert project is None or (cdiv(V, BV) == 1 and dg is None and du_of is None and gate is None)
-    assert not (r1 and h0 is not None and not reverse and r1_n0 is None), "a rank-one term's initial state is missing"
+    assert not (r1 and h0 is not None and not reverse and r1_n0 is None and not entering), \
+        "a rank-one term's initial state is missing"
     if ones is not None:
         assert not vec and not reverse and dg is None and du_of is None and not state_transposed
         n_border, n0 = ones
@@ -553,7 +562,7 @@ def chunk_output(q, k, v, b, c, border, h0, scale, layout, reverse, dot, out_dty
             r1_border if r1_border is not None else dummy, r1_n0 if r1_n0 is not None else dummy,
             count0 if count0 is not None else dummy, project[0] if project is not None else dummy,
             project[1] if project is not None else dummy, flags,
-            layout.cu, layout.chunk_seq, layout.chunk_start, T, H, K, V, layout.n,
+            layout.cu, layout.chunk_seq, layout.chunk_start, T, H, K, V, layout.n, r1_sh, r1_sc,
             (b.stride(0) if b is not None and b.shape[0] > 1 else 0),
             (c.stride(0) if c is not None and c.shape[0] > 1 else 0), s_sk, s_sv, float(scale),
             float(scale if scale_intra is None else scale_intra), float(dg_coef), B * T * H,
@@ -565,7 +574,7 @@ def chunk_output(q, k, v, b, c, border, h0, scale, layout, reverse, dot, out_dty
               GATE=0 if gate is None else (2 if gate_rows else 1), HAS_DU=du_out is not None, ONES=den is not None,
               R1=r1, OWN_MAX=OWN_RANGE if dot != DOT_F16 else -1.0, SDOT=dot if state_dot is None else state_dot,
               ODOT=own_dot(dot), SPLIT_KEYS=False, HAS_C0=count0 is not None, DIVIDE=divide is not None,
-              PROJECT=project is not None)
+              PROJECT=project is not None, R1_ENTERING=entering and not reverse)
     # precision parts (ula/core/precision.py) of the core call running now; the dK and dV passes are the calls
     # with gate_rows (their border states are float32 where dg needs them)
     if gate_rows:
