@@ -17,6 +17,11 @@
 #                                                  # copies) ordered profiles, the division backward's tiles
 #                                                  # (ULA_TUNE_DIVISION_BACKWARD), smoke, repeated calls, graph
 #                                                  # replays of this tree and .prev (git archive of commit fd8ef2a)
+#     bash benchmarks/gpu_pending_session19.sh 7   # (the division's backward folded into the core's backward:
+#                                                  # dout's rows weighted by 1 / d where the kernels read them; the
+#                                                  # v sums' accumulator summed once) ordered profiles, the pass's
+#                                                  # tiles, smoke, repeated calls at four shapes, bf16 error, graph
+#                                                  # replays of this tree and .prev (git archive of commit 5dfb3bd)
 # Writes $OUT/pending19.log (every command's output under a header, the device line, the measured files' checksums).
 NAME=pending19
 source "$(dirname "$0")/gpu_pending_common.sh"
@@ -47,6 +52,16 @@ case "$PART" in
    PRE=()
    run python3 benchmarks/gpu_smoke.py --parts ones,families,repeat
    repeats normalized,normalized_nol2,normalized_pos 2,8192,16,128,128 3,3000,4,64,128
+   families .:new .prev:prev ;;
+7) run python3 $PROF normalized,normalized_nol2,linear
+   for P in 16384,8 4096,4; do
+     PRE=(ULA_TUNE_PREPARE=$P); run "${PRE[@]}" python3 $PROF normalized,normalized_nol2
+   done
+   PRE=()
+   run python3 benchmarks/gpu_smoke.py --parts ones,families,repeat
+   repeats normalized,normalized_nol2,normalized_pos 2,8192,16,128,128 3,3000,4,64,128 2,4096,8,256,256 4,2048,32,32,32
+   run python3 benchmarks/gpu_hardening.py --sections quality --q-ops normalized,normalized_pos --budget-s 120 \
+       --out "$OUT/quality_new"
    families .:new .prev:prev ;;
 esac
 echo "### done" >> "$LOG"

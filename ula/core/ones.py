@@ -96,7 +96,8 @@ def _ones_forward_kernels(q, k, v, ld, u, S0, n0, scale, cu_seqlens, C, **extra)
 
 
 def _ones_backward(q, k, v, ld, u, S0, n0, do, dden, dS, dn, scale, cu_seqlens, C, need_ld, prec, **extra):
-    """The backward's kernels; extra: fused_backward's dv_rank_one and project (ula/ops/_normalized_fused.py)."""
+    """The backward's kernels; extra: fused_backward's dv_rank_one, project and do_weight
+    (ula/ops/_normalized_fused.py)."""
     from .triton.backward import fused_backward
     with precision.active(prec):
         return fused_backward(q, k, v, ld, S0, do, dS, scale, cu_seqlens, False, C, need_ld, u, ones=(dden, n0, dn),

@@ -179,11 +179,12 @@ def _backward_kernel(o, den, v, dout, carry_f, carry_b, c0, a, do, dden, dv, dde
                      so_b, so_t, so_h, so_v, sd_b, sd_t, sd_h, sv_b, sv_t, sv_h, sv_v,
                      C: tl.constexpr, BR: tl.constexpr, BV: tl.constexpr, VARLEN: tl.constexpr,
                      HAS_A: tl.constexpr, A_TENSOR: tl.constexpr, HAS_C0: tl.constexpr, HAS_DV: tl.constexpr,
-                     OUT_GIVEN: tl.constexpr, SUMS: tl.constexpr):
+                     OUT_GIVEN: tl.constexpr, SUMS: tl.constexpr, INV_D: tl.constexpr):
     """do, dden, dv (HAS_DV) of one chunk of one head (the module docstring's formulas), Σ dden and the chunk's
     share of da. carry_f: Z entering the chunk; carry_b: a Σ_{t >= chunk start} dnum_t + ∂L/∂Z_T.
     OUT_GIVEN: o is the output itself and den its whole denominator den + a C (the core divided,
-    ula/ops/_normalized_fused.py); then HAS_A only asks for da. SUMS: the chunk's Σ dnum too."""
+    ula/ops/_normalized_fused.py); then HAS_A only asks for da. SUMS: the chunk's Σ dnum too. INV_D: do gets 1 / d
+    per step ([B, T, H] float32) instead of dnum (the core's backward forms dnum where it reads dout)."""
     i_c, i_h, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     seq, cs, bos, ce = chunk_bounds(i_c, i_b, cu, chunk_seq, chunk_start, T, C, VARLEN)
     cols = tl.arange(0, BV)
@@ -229,7 +230,10 @@ def _backward_kernel(o, den, v, dout, carry_f, carry_b, c0, a, do, dden, dv, dde
         if SUMS:
             dsum += tl.sum(dnum, 0)
         ddn = tl.where(m & ok, ddn, 0.0)
-        tl.store(do + base + r64 * (H * V) + cols[None, :], dnum.to(do.dtype.element_ty), mask=mk)
+        if INV_D:
+            tl.store(do + (i_b.to(tl.int64) * T + rows) * H + i_h, 1.0 / d, mask=m)
+        else:
+            tl.store(do + base + r64 * (H * V) + cols[None, :], dnum.to(do.dtype.element_ty), mask=mk)
         tl.store(dden + (i_b.to(tl.int64) * T + rows) * H + i_h, ddn.to(dden.dtype.element_ty), mask=m)
         dd_acc += ddn
         if HAS_A:
@@ -284,29 +288,30 @@ def v_prefix(sums, z0, layout):
 
 def backward_from_output(dout, dzT, out, den, v, a, c0, carry_f, layout, a_val, eps, need_da):
     """The backward of out = num / clamp_sign(den, eps) where the core divided (den: the whole denominator):
-    (dnum in out's dtype, dden, borders, da or None, dz0, dc0 or None) at `layout` (the core's chunks), borders
+    (1 / d [B, T, H] float32 (dnum = dout / d), dden, borders, da or None, dz0, dc0 or None) at `layout` (the core's
+    chunks), borders
     = a Σ_{t in later chunks} dnum_t + ∂L/∂Z_T per chunk, [B * chunks, H, V] float32 (the dV pass's rank-one
     state), dz0 its total [N, H, V]. carry_f (v_prefix's) and v are read only for da."""
     B, T, H, V = v.shape
     n = layout.n
     tile, warps = tuned("division_backward", _BWD)
     BV, BR = _tiles(V, layout.C, tile)
-    dnum = alloc(out.shape, v.device, out.dtype)
+    inv_d = alloc(den.shape, v.device)
     dden = alloc(den.shape, v.device, den.dtype)
     dden_sum = alloc((B * n, H), v.device)
     sums = alloc((B * n, H, V), v.device)
     da_part = alloc((B * n, H), v.device) if need_da else None
     c0_t = c0 if c0 is not None else den
     a_t = a if a is not None else den
-    launch(_backward_kernel, (n, H, B), out, den, v, dout, carry_f if need_da else den, den, c0_t, a_t, dnum, dden,
+    launch(_backward_kernel, (n, H, B), out, den, v, dout, carry_f if need_da else den, den, c0_t, a_t, inv_d, dden,
            den, dden_sum, da_part if need_da else den, sums, layout.cu, layout.chunk_seq, layout.chunk_start, T, H, V,
            n, float(a_val), float(eps), *out.stride(), *den.stride(), *v.stride(), C=layout.C, BR=BR, BV=BV,
            VARLEN=layout.varlen, HAS_A=need_da, A_TENSOR=a is not None, HAS_C0=c0 is not None, HAS_DV=False,
-           OUT_GIVEN=True, SUMS=True, num_warps=warps)
+           OUT_GIVEN=True, SUMS=True, INV_D=True, num_warps=warps)
     carry_b, dz0 = _scan(sums, dzT, a, a_val, layout, H, V, reverse=True, scale=True, exclusive=True)
     dc0 = _dc0(dden_sum, a, a_val, layout, H) if c0 is not None else None
     da = da_part.sum(0) if need_da else None
-    return dnum, dden, carry_b, da, dz0, dc0
+    return inv_d, dden, carry_b, da, dz0, dc0
 
 
 def epilogue_backward(dout, dzT, o, den, v, a, c0, carry_f, layout, a_val, eps, has_a, has_z0):
@@ -335,7 +340,8 @@ def epilogue_backward(dout, dzT, o, den, v, a, c0, carry_f, layout, a_val, eps, 
     launch(_backward_kernel, (n, H, B), o, den, v, dout, carry_f if has_a else den,
            carry_b if has_a else den, c0_t, a_t, do, dden, dv if has_a else den, dden_sum,
            da_part if has_a else den, den, *lay, T, H, V, n, float(a_val), float(eps), *o.stride(), *den.stride(),
-           *v.stride(), BR=BR, BV=BV, HAS_A=has_a, HAS_DV=has_a, OUT_GIVEN=False, SUMS=False, num_warps=_BWD[1],
+           *v.stride(), BR=BR, BV=BV, HAS_A=has_a, HAS_DV=has_a, OUT_GIVEN=False, SUMS=False, INV_D=False,
+           num_warps=_BWD[1],
            **common)
     da = da_part.sum(0) if a is not None and has_a else None
     dc0 = _dc0(dden_sum, a, a_val, layout, H) if c0 is not None and has_a else None

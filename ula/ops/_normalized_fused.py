@@ -6,10 +6,11 @@ core's kernels with the column of ones (ula/core/ones.py).
 The constant a is one more feature of q against a constant 1 in k (paper 001's kernel a + b x): a rank-one term of
 the scores (ula/core/triton/output.py, rank_one mode 1), whose state part is z0 + Σ v over the earlier chunks (the
 chunk sums of ._normalized_prepare, scanned by ._normalized_epilogue.v_prefix) and whose share of the normalizer is
-a times the count. The output kernel divides before it stores. Backward: dnum = dout / d, dden = -Σ_v dnum out (one
-kernel, ._normalized_epilogue.backward_from_output, with the chunk sums of dnum), then the core's backward with the
-column of ones, where the dV pass carries the a part as a rank-one term (mode 2) with the later chunks' a Σ dnum as
-its state.
+a times the count. The output kernel divides before it stores. Backward: dden = -Σ_v dnum out with dnum = dout / d
+(one kernel, ._normalized_epilogue.backward_from_output: it writes dden, 1 / d and the chunk sums of dnum), then the
+core's backward with the column of ones on dout, each row weighted by 1 / d where the kernels read it (do_weight: no
+dnum tensor written and read back), the dV pass carrying the a part as a rank-one term (mode 2) with the later
+chunks' a Σ dnum as its state.
 
 A float b is the core's scale (a enters as a / b). With it the L2 norm of q and k (Eq. 22) runs inside too: its
 forward writes the normalized rows and 1 / |x| (._normalized_prepare, in one pass with the chunk sums of v), and the
@@ -75,18 +76,18 @@ def _forward(q, k, v, a, S0, n0, z0, c0, a_val, scale, l2, eps, cu_seqlens, C, p
 
 def _backward(v, a, S0, n0, c0, q, k, rq, rk, out, den, carry, dout, dS, dn, dzT, a_val, scale, eps, cu_seqlens, C,
               prec, has_a, has_z0, need_da=True):
-    """(dq, dk, dv, da, dS0, dn0, dz0, dc0): the division's backward (dnum, dden, da, dc0) with the a part's dv
+    """(dq, dk, dv, da, dS0, dn0, dz0, dc0): the division's backward (1 / d, dden, da, dc0) with the a part's dv
     borders per chunk, then the core's backward with dv's rank-one term."""
     B, T, H = v.shape[:3]
     layout = make_layout(B, T, C, cu_seqlens, v.device)
     dout = torch.zeros_like(v) if dout is None else dout.contiguous()
     need_da = need_da and a is not None and has_a
-    dnum, dden, borders, da, dz0, dc0 = epi.backward_from_output(dout, dzT, out, den, v, a, c0, carry, layout,
-                                                                 a_val, eps, need_da)
+    inv_d, dden, borders, da, dz0, dc0 = epi.backward_from_output(dout, dzT, out, den, v, a, c0, carry, layout,
+                                                                  a_val, eps, need_da)
     r1 = (_a_per_step(a, a_val, scale, (B, T, H), v.device), borders) if has_a else None
-    dq, dk, dv, _, dS0, _, dn0 = _ones_backward(q, k, v, None, None, S0, n0, dnum, dden, dS, dn, scale, cu_seqlens,
+    dq, dk, dv, _, dS0, _, dn0 = _ones_backward(q, k, v, None, None, S0, n0, dout, dden, dS, dn, scale, cu_seqlens,
                                                C, False, prec, dv_rank_one=r1,
-                                               project=None if rq is None else (rq, rk))
+                                               project=None if rq is None else (rq, rk), do_weight=inv_d)
     return dq, dk, dv, da, dS0, (None if dn0 is None else dn0.to(n0.dtype)), (dz0 if has_z0 else None), dc0
 
 

@@ -11,10 +11,10 @@ import triton.language as tl
 from ..core.triton.utils import alloc, block, chunk_bounds, launch, tuned
 from ._l2norm import signed_inverse, unit_rows
 
-# (elements of a [rows, width] tile, warps), unless ULA_TUNE_PREPARE="elements,warps": the fastest of a sweep on an H100
-# at B2 T8192 H16 K=V=128 (0.120 ms; at 4096 elements and 4 warps 0.128; q, k and v in each program 0.124-0.150 ms at
-# 4096-16384 elements, results/pending19_h100_session19_part4_5.log)
-_TILE = (8192, 8)
+# (elements of a [rows, width] tile, warps), unless ULA_TUNE_PREPARE="elements,warps": the fastest on an H100 at B2
+# T8192 H16 K=V=128 since the v sums' accumulator is summed once after the loop: 0.118 ms (8192,8 0.140; 4096,4 0.142;
+# v sums alone 0.037 / 0.039 / 0.034, results/pending19_h100_session19_part7.log)
+_TILE = (16384, 8)
 
 
 @triton.jit
@@ -41,7 +41,7 @@ def _prepare_kernel(q, k, v, qn, kn, rq, rk, sums, cu, chunk_seq, chunk_start, T
     mk = kc < K
     vc = tl.arange(0, BV)
     mv = vc < V
-    acc = tl.zeros([BV], dtype=tl.float32)
+    acc = tl.zeros([BR, BV], dtype=tl.float32)  # summed over its rows once, after the loop
     for r in range(0, C, BR):
         rows = cs + r + tl.arange(0, BR)
         m = rows < ce
@@ -52,10 +52,9 @@ def _prepare_kernel(q, k, v, qn, kn, rq, rk, sums, cu, chunk_seq, chunk_start, T
             elif job == 1:
                 _normalize_block(k, kn, rk, ri, m, kc, mk, K, eps)
         if SUMS and job == job_v:
-            acc += tl.sum(tl.load(v + ri[:, None] * V + vc[None, :], mask=m[:, None] & mv[None, :],
-                                  other=0.0).to(tl.float32), 0)
+            acc += tl.load(v + ri[:, None] * V + vc[None, :], mask=m[:, None] & mv[None, :], other=0.0).to(tl.float32)
     if SUMS and job == job_v:
-        tl.store(sums + ((i_b * n + i_c).to(tl.int64) * H + i_h) * V + vc, acc, mask=mv)
+        tl.store(sums + ((i_b * n + i_c).to(tl.int64) * H + i_h) * V + vc, tl.sum(acc, 0), mask=mv)
 
 
 def prepare(q, k, v, layout, l2, sums, eps=1e-12):

@@ -58,9 +58,23 @@ def _rank_one(A, e_base, ri, mi, rj, mj, R1: tl.constexpr):
 
 
 @triton.jit
+def _scores(A, e_base, w_base, ri, mi, rj, mj, R1: tl.constexpr, W: tl.constexpr):
+    """The scores q·k of a block with their rank-one feature (_rank_one) and a weight per step (W = 1: the rows',
+    2: the keys' before the rank-one term, 3: the keys' after it)."""
+    if W == 1:
+        A = A * tl.load(w_base + ri, mask=mi, other=0.0)[:, None]
+    elif W == 2:
+        A = A * tl.load(w_base + rj, mask=mj, other=0.0)[None, :]
+    A = _rank_one(A, e_base, ri, mi, rj, mj, R1)
+    if W == 3:
+        A = A * tl.load(w_base + rj, mask=mj, other=0.0)[None, :]
+    return A
+
+
+@triton.jit
 def _offdiag(q_base, k_base, v_base, b_base, u_base, rows, mi, js, ce, vc, mv, K, V, H, DB: tl.constexpr, BT: tl.constexpr,
              BK: tl.constexpr, HAS_B: tl.constexpr, GATE: tl.constexpr, DOT: tl.constexpr, ONES: tl.constexpr, e_base,
-             R1: tl.constexpr):
+             R1: tl.constexpr, w_base, W: tl.constexpr):
     """Contribution of the key block starting at js (entirely before the rows, after them in reverse), for
     decays with one value per step: the block's decays are one [BT, BT] factor after the matmul. Returns it and
     (with ONES) the block's share of the normalizer."""
@@ -75,7 +89,7 @@ def _offdiag(q_base, k_base, v_base, b_base, u_base, rows, mi, js, ce, vc, mv, K
         qt = operand(tl.load(q_base + ri[:, None] * K + kc[None, :], mask=mi[:, None] & mk[None, :], other=0.0), DOT)
         kt = operand(tl.load(k_base + rj[:, None] * K + kc[None, :], mask=mj[:, None] & mk[None, :], other=0.0), DOT)
         A += mm(qt, tl.trans(kt), DOT)
-    A = _rank_one(A, e_base, ri, mi, rj, mj, R1)
+    A = _scores(A, e_base, w_base, ri, mi, rj, mj, R1, W)
     if HAS_B:
         bi = tl.load(b_base + ri * DB, mask=mi, other=0.0)
         bj = tl.load(b_base + rj * DB, mask=mj, other=0.0)
@@ -200,7 +214,7 @@ def _diag_vec(q_base, k_base, v_base, b_base, c_base, u_base, rows, mi, ce, vc, 
 @triton.jit
 def _diag(q_base, k_base, v_base, b_base, u_base, rows, mi, vc, mv, K, V, H, DB: tl.constexpr, BT: tl.constexpr,
           BK: tl.constexpr, HAS_B: tl.constexpr, REVERSE: tl.constexpr, GATE: tl.constexpr, DOT: tl.constexpr,
-          ONES: tl.constexpr, e_base, R1: tl.constexpr):
+          ONES: tl.constexpr, e_base, R1: tl.constexpr, w_base, W: tl.constexpr):
     """Contribution of the rows' own block (keys = the same steps), causal in the direction of the pass,
     for decays without a per-feature part (one value per step); with ONES also its share of the normalizer."""
     ri = rows.to(tl.int64) * H
@@ -215,7 +229,7 @@ def _diag(q_base, k_base, v_base, b_base, u_base, rows, mi, vc, mv, K, V, H, DB:
         qt = operand(tl.load(q_base + ri[:, None] * K + kc[None, :], mask=mik, other=0.0), DOT)
         kt = operand(tl.load(k_base + ri[:, None] * K + kc[None, :], mask=mik, other=0.0), DOT)
         A += mm(qt, tl.trans(kt), DOT)
-    A = _rank_one(A, e_base, ri, mi, ri, mi, R1)
+    A = _scores(A, e_base, w_base, ri, mi, ri, mi, R1, W)
     if HAS_B:
         bi = tl.load(b_base + ri * DB, mask=mi, other=0.0)
         A = A * tl.exp(tl.where(m, bi[:, None] - bi[None, :], float("-inf")))
@@ -256,7 +270,7 @@ def _own_span(b_base, c_base, rs, ce, live, BT: tl.constexpr, vc, mv, K, V, H, D
 
 @triton.jit
 def _output_kernel(q, k, v, b, c, u, border, h0, o, dg_a, dg_out, du_out, n_border, n0, den, e, r1_border, r1_n0, c0,
-                   px, pr, flags, cu, chunk_seq, chunk_start, T, H, K, V, NC, r1_sh, r1_sc, sb_b, sc_b, s_sk, s_sv,
+                   px, pr, w, flags, cu, chunk_seq, chunk_start, T, H, K, V, NC, r1_sh, r1_sc, sb_b, sc_b, s_sk, s_sv,
                    scale_inter,
                    scale_intra, dg_coef, dg_slab, eps,
                    DB: tl.constexpr, C: tl.constexpr, NRB: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
@@ -266,7 +280,7 @@ def _output_kernel(q, k, v, b, c, u, border, h0, o, dg_a, dg_out, du_out, n_bord
                    GATE: tl.constexpr, HAS_DU: tl.constexpr, ONES: tl.constexpr, R1: tl.constexpr, OWN: tl.constexpr,
                    OWN_MAX: tl.constexpr, SDOT: tl.constexpr, ODOT: tl.constexpr,
                    SPLIT_KEYS: tl.constexpr, HAS_C0: tl.constexpr, DIVIDE: tl.constexpr, PROJECT: tl.constexpr,
-                   R1_ENTERING: tl.constexpr):
+                   R1_ENTERING: tl.constexpr, W: tl.constexpr):
     i_r, i_v, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)  # row blocks on axis 0 (up to 2^31)
     i_b, i_h = i_bh // H, i_bh % H
     i_c = i_r // NRB
@@ -282,6 +296,7 @@ def _output_kernel(q, k, v, b, c, u, border, h0, o, dg_a, dg_out, du_out, n_bord
     row0, k_base, v_base, b_base, c_base, u_base, e_base = head_bases(k, v, b, c, u, e, i_b, i_h, T, H, K, V, sb_b,
                                                                       sc_b, DB)
     q_base = q + row0 * K
+    w_base = w + row0  # [B, T, H] like e
     # decays per feature, two launches (chunk_output): OWN = 1 takes the row blocks whose own block goes through
     # one reference step and flags the others, OWN = 2 takes the flagged ones by levels
     f_off = (i_bh.to(tl.int64) * tl.num_programs(1) + i_v) * tl.num_programs(0) + i_r
@@ -335,6 +350,8 @@ def _output_kernel(q, k, v, b, c, u, border, h0, o, dg_a, dg_out, du_out, n_bord
                 # its own (not merged with the matmul's)
                 qf = tl.load(q_base + ri[:, None] * K + kc[None, :], mask=mik, other=0.0, volatile=True)
                 den_inter += tl.sum(qf.to(tl.float32) * nt[None, :], 1)
+        if W == 1:  # the rows' weights, on their part through the state (the rank-one part below is not weighted)
+            acc = acc * tl.load(w_base + ri, mask=mi, other=0.0)[:, None]
         if R1 > 0:  # the extra feature's share through the state: e_i (rows) or 1 times the state's extra vector
             n_head = r1_border + i_b.to(tl.int64) * H * NC * V + i_h * r1_sh  # head i_h's vector per chunk
             if REVERSE or R1_ENTERING:  # the vector entering this chunk (going forward: its initial state in it)
@@ -367,7 +384,7 @@ def _output_kernel(q, k, v, b, c, u, border, h0, o, dg_a, dg_out, du_out, n_bord
         # intra-chunk part: the rows' own block, then the key blocks before them (after them in reverse)
         if not VEC:
             part, ones = _diag(q_base, k_base, v_base, b_base, u_base, rows, mi, vc, mv, K, V, H, DB, BT, BK, HAS_B,
-                               REVERSE, GATE, DOT, ONES, e_base, R1)
+                               REVERSE, GATE, DOT, ONES, e_base, R1, w_base, W)
             acc += part * scale_intra
             den_intra += ones
         if REVERSE:
@@ -415,7 +432,7 @@ def _output_kernel(q, k, v, b, c, u, border, h0, o, dg_a, dg_out, du_out, n_bord
         else:
             for js in range(lo, hi, BT):
                 part, ones = _offdiag(q_base, k_base, v_base, b_base, u_base, rows, mi, js, ce, vc, mv, K, V, H, DB,
-                                      BT, BK, HAS_B, GATE, DOT, ONES, e_base, R1)
+                                      BT, BK, HAS_B, GATE, DOT, ONES, e_base, R1, w_base, W)
                 acc += part * scale_intra
                 den_intra += ones
         if GATE == 2:  # a key gate in the passes whose rows are key steps: the gradient of k e^u is e^u times
@@ -464,7 +481,7 @@ def project_fits(V):
 
 def chunk_output(q, k, v, b, c, border, h0, scale, layout, reverse, dot, out_dtype=torch.float32, *,
                  scale_intra=None, state_transposed=False, gate=None, gate_rows=False, dg=None, du_of=None, ones=None,
-                 rank_one=None, state_dot=None, count0=None, divide=None, project=None):
+                 rank_one=None, state_dot=None, count0=None, divide=None, project=None, weight=None):
     """o [B, T, H, V] in out_dtype from q, k [B, T, H, K], v [B, T, H, V] (contiguous), the chunk-local cumulative
     log decays b [Bg, T, H, K|1], c [Bg, T, H, V] (or None) and the border states of kernel 2.
 
@@ -489,6 +506,9 @@ def chunk_output(q, k, v, b, c, border, h0, scale, layout, reverse, dot, out_dty
     n_border (and n0 for the first chunk going forward): the backward's dQ and dK passes of a column of ones in v
     (ula/core/ones.py); with entering true, n_border is [B * n, H, V], the vector entering each chunk in the pass's
     direction (its initial state included: n0 unused);
+    weight = (mode, w [B, T, H] float32): a weight per step in the scores, mode 1 of the rows (also on the rows' part
+    through the states), 2 of the keys before the rank-one term, 3 after it (the backward's passes of a division by
+    the normalizer: w = 1 / d, the passes read dout, not dnum = dout / d; ula/ops/_normalized_fused.py);
     state_dot: the matmul code of the part through the states (utils.state_dot), default `dot`."""
     B, T, H, K = q.shape
     V = v.shape[-1]
@@ -527,6 +547,7 @@ def chunk_output(q, k, v, b, c, border, h0, scale, layout, reverse, dot, out_dty
     assert project is None or (cdiv(V, BV) == 1 and dg is None and du_of is None and gate is None)
     assert not (r1 and h0 is not None and not reverse and r1_n0 is None and not entering), \
         "a rank-one term's initial state is missing"
+    assert weight is None or (not vec and ones is None), "weights per step: one decay value per step, no normalizer"
     if ones is not None:
         assert not vec and not reverse and dg is None and du_of is None and not state_transposed
         n_border, n0 = ones
@@ -561,7 +582,7 @@ def chunk_output(q, k, v, b, c, border, h0, scale, layout, reverse, dot, out_dty
             n0 if n0 is not None else dummy, den if den is not None else dummy, e if e is not None else dummy,
             r1_border if r1_border is not None else dummy, r1_n0 if r1_n0 is not None else dummy,
             count0 if count0 is not None else dummy, project[0] if project is not None else dummy,
-            project[1] if project is not None else dummy, flags,
+            project[1] if project is not None else dummy, weight[1] if weight is not None else dummy, flags,
             layout.cu, layout.chunk_seq, layout.chunk_start, T, H, K, V, layout.n, r1_sh, r1_sc,
             (b.stride(0) if b is not None and b.shape[0] > 1 else 0),
             (c.stride(0) if c is not None and c.shape[0] > 1 else 0), s_sk, s_sv, float(scale),
@@ -574,7 +595,8 @@ def chunk_output(q, k, v, b, c, border, h0, scale, layout, reverse, dot, out_dty
               GATE=0 if gate is None else (2 if gate_rows else 1), HAS_DU=du_out is not None, ONES=den is not None,
               R1=r1, OWN_MAX=OWN_RANGE if dot != DOT_F16 else -1.0, SDOT=dot if state_dot is None else state_dot,
               ODOT=own_dot(dot), SPLIT_KEYS=False, HAS_C0=count0 is not None, DIVIDE=divide is not None,
-              PROJECT=project is not None, R1_ENTERING=entering and not reverse)
+              PROJECT=project is not None, R1_ENTERING=entering and not reverse,
+              W=weight[0] if weight is not None else 0)
     # precision parts (ula/core/precision.py) of the core call running now; the dK and dV passes are the calls
     # with gate_rows (their border states are float32 where dg needs them)
     if gate_rows:

@@ -144,17 +144,20 @@ def split_parts(e):
 
 
 @triton.jit
-def _rows_into_state(S, n, r0, ce, k_base, v_base, c_base, e_base, c_end, f, kc, vc, mk, mv, K, V, H, scale,
+def _rows_into_state(S, n, r0, ce, k_base, v_base, c_base, e_base, w_base, c_end, f, kc, vc, mk, mv, K, V, H, scale,
                      DB: tl.constexpr, BT: tl.constexpr, HAS_F: tl.constexpr, HAS_C: tl.constexpr, DOT: tl.constexpr,
-                     ONES: tl.constexpr, HAS_E: tl.constexpr, SPLIT: tl.constexpr):
+                     ONES: tl.constexpr, HAS_E: tl.constexpr, SPLIT: tl.constexpr, HAS_W: tl.constexpr):
     """S + scale (f ⊙ k)ᵀ (v decayed to the chunk's end) over rows r0 .. r0 + BT (before ce); f: the rows' factor
-    of k (_row_factor). With ONES also n + scale Σ_rows f ⊙ k (e_t ⊙ f ⊙ k with HAS_E): the state's column for
-    one more column of v, of ones (the normalizer) or of e (its gradient, in the backward)."""
+    of k (_row_factor); with HAS_W v's rows times w_t. With ONES also n + scale Σ_rows f ⊙ k (e_t ⊙ f ⊙ k with
+    HAS_E): the state's column for one more column of v, of ones (the normalizer) or of e (its gradient, in the
+    backward)."""
     rows = r0 + tl.arange(0, BT)
     mr = rows < ce
     r64 = rows.to(tl.int64) * H
     kt = operand(tl.load(k_base + r64[:, None] * K + kc[None, :], mask=mr[:, None] & mk[None, :], other=0.0), DOT)
     vt = operand(tl.load(v_base + r64[:, None] * V + vc[None, :], mask=mr[:, None] & mv[None, :], other=0.0), DOT)
+    if HAS_W:
+        vt = vt * tl.load(w_base + r64, mask=mr, other=0.0)[:, None]
     if ONES and SPLIT:  # k as loaded (exact in bfloat16) against the rows' weights in three parts (or ones)
         if HAS_E:  # the parts as split_parts stored them ([B, T, H, NW] bfloat16, e_base at this head's row 0)
             cols = tl.arange(0, NW)
@@ -208,12 +211,12 @@ def _border_products(S, partner, X, b_base, c_base, bord, i_k, i_v, NKT, NVT, ce
 
 
 @triton.jit
-def _state_kernel(k, v, b, c, u, h0, border, final, partner, X, n0, n_border, n_final, e, partner_n, cu, chunk_offset,
-                  T, H, K, V, NC, NVT, sb_b, sc_b, scale,
+def _state_kernel(k, v, b, c, u, h0, border, final, partner, X, n0, n_border, n_final, e, w, partner_n, cu,
+                  chunk_offset, T, H, K, V, NC, NVT, sb_b, sc_b, scale,
                   DB: tl.constexpr, C: tl.constexpr, NB: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
                   HAS_B: tl.constexpr, HAS_C: tl.constexpr, HAS_H0: tl.constexpr, REVERSE: tl.constexpr,
                   VARLEN: tl.constexpr, DOT: tl.constexpr, HAS_X: tl.constexpr, GATE: tl.constexpr, ONES: tl.constexpr,
-                  HAS_E: tl.constexpr, XR: tl.constexpr, SPLIT: tl.constexpr):
+                  HAS_E: tl.constexpr, XR: tl.constexpr, SPLIT: tl.constexpr, HAS_W: tl.constexpr):
     i_nh, i_k, i_v = tl.program_id(0), tl.program_id(1), tl.program_id(2)  # sequences x heads on axis 0
     i_n, i_h = i_nh // H, i_nh % H
     if VARLEN:
@@ -234,6 +237,7 @@ def _state_kernel(k, v, b, c, u, h0, border, final, partner, X, n0, n_border, n_
     mkv = mk[:, None] & mv[None, :]
     row0, k_base, v_base, b_base, c_base, u_base, e_base = head_bases(k, v, b, c, u, e, i_b, i_h, T, H, K, V, sb_b,
                                                                       sc_b, DB)
+    w_base = w + row0
     kv_off = kc[:, None] * V + vc[None, :]
     if SPLIT and HAS_E:  # e as its parts, NW per step (chunk_states decides SPLIT)
         e_base = e + row0 * NW
@@ -291,23 +295,25 @@ def _state_kernel(k, v, b, c, u, h0, border, final, partner, X, n0, n_border, n_
         # every block's tiles would stay in shared memory at once)
         if NB <= 2:
             if HAS_F:
-                S, n = _rows_into_state(S, n, cs, ce, k_base, v_base, c_base, e_base, c_end, f0, kc, vc, mk, mv, K,
-                                        V, H, scale, DB, BT, HAS_F, HAS_C, DOT, ONES, HAS_E, SPLIT)
+                S, n = _rows_into_state(S, n, cs, ce, k_base, v_base, c_base, e_base, w_base, c_end, f0, kc, vc, mk,
+                                        mv, K, V, H, scale, DB, BT, HAS_F, HAS_C, DOT, ONES, HAS_E, SPLIT, HAS_W)
                 if NB == 2:
-                    S, n = _rows_into_state(S, n, cs + BT, ce, k_base, v_base, c_base, e_base, c_end, f1, kc, vc,
-                                            mk, mv, K, V, H, scale, DB, BT, HAS_F, HAS_C, DOT, ONES, HAS_E, SPLIT)
+                    S, n = _rows_into_state(S, n, cs + BT, ce, k_base, v_base, c_base, e_base, w_base, c_end, f1, kc,
+                                            vc, mk, mv, K, V, H, scale, DB, BT, HAS_F, HAS_C, DOT, ONES, HAS_E, SPLIT,
+                                            HAS_W)
             else:
                 for sb in tl.static_range(NB):
-                    S, n = _rows_into_state(S, n, cs + sb * BT, ce, k_base, v_base, c_base, e_base, c_end, 0.0,
-                                            kc, vc, mk, mv, K, V, H, scale, DB, BT, HAS_F, HAS_C, DOT, ONES, HAS_E,
-                                            SPLIT)
+                    S, n = _rows_into_state(S, n, cs + sb * BT, ce, k_base, v_base, c_base, e_base, w_base, c_end,
+                                            0.0, kc, vc, mk, mv, K, V, H, scale, DB, BT, HAS_F, HAS_C, DOT, ONES,
+                                            HAS_E, SPLIT, HAS_W)
         else:
             for sb in range(NB):
                 f = 0.0
                 if HAS_F:
                     f = _row_factor(cs + sb * BT, ce, True, b_base, u_base, b_end, kc, mk, H, DB, BT, BK, HAS_B, GATE)
-                S, n = _rows_into_state(S, n, cs + sb * BT, ce, k_base, v_base, c_base, e_base, c_end, f, kc, vc,
-                                        mk, mv, K, V, H, scale, DB, BT, HAS_F, HAS_C, DOT, ONES, HAS_E, SPLIT)
+                S, n = _rows_into_state(S, n, cs + sb * BT, ce, k_base, v_base, c_base, e_base, w_base, c_end, f, kc,
+                                        vc, mk, mv, K, V, H, scale, DB, BT, HAS_F, HAS_C, DOT, ONES, HAS_E, SPLIT,
+                                        HAS_W)
         if not REVERSE:
             tl.store(bord_base + idx.to(tl.int64) * K * V + kv_off, S, mask=mkv)
             if ONES:
@@ -321,7 +327,7 @@ def _state_kernel(k, v, b, c, u, h0, border, final, partner, X, n0, n_border, n_
 
 
 def chunk_states(k, v, b, c, h0, layout, reverse, dot, state_dtype=torch.float32, scale=1.0, partner=None, gate=None,
-                 ones=False, n0=None, e=None, partner_n=None, partner_right=False):
+                 ones=False, n0=None, e=None, partner_n=None, partner_right=False, w=None):
     """k [B, T, H, K], v [B, T, H, V] contiguous; b [Bg, T, H, K|1], c [Bg, T, H, V] chunk-local cumulative
     log decays (or None); h0 [N, H, K, V] float32 contiguous or None; every k_tᵀ v_t enters times `scale` (and
     exp(gate_t) with a log key gate [B, T, H], contiguous).
@@ -331,7 +337,9 @@ def chunk_states(k, v, b, c, h0, layout, reverse, dot, state_dtype=torch.float32
     decay's, [B, H, n, K tiles, V].
     ones (decays with one value per step): also the state's column for one more column of v, of ones or of e
     [B, T, H] (float32, contiguous), from n0 [N, H, K] float32 (or zero): returned after X as (n_border [B, H, n, K]
-    in state_dtype, n_final [N, H, K] float32); with a partner, its column partner_n joins the border terms."""
+    in state_dtype, n_final [N, H, K] float32); with a partner, its column partner_n joins the border terms.
+    w [B, T, H] float32 (contiguous): v's rows times w_t, not e's (the backward of a division by the normalizer,
+    ula/ops/_normalized_fused.py: v = dout, w = 1 / d)."""
     B, T, H, K = k.shape
     V = v.shape[-1]
     N = layout.N
@@ -377,13 +385,13 @@ def chunk_states(k, v, b, c, h0, layout, reverse, dot, state_dtype=torch.float32
            gate if gate is not None else dummy, h0 if h0 is not None else dummy, border, final,
            partner if partner is not None else dummy, X if X is not None else dummy,
            n0 if n0 is not None else dummy, n_border if ones else dummy, n_final if ones else dummy,
-           e if e is not None else dummy, partner_n if partner_n is not None else dummy,
+           e if e is not None else dummy, w if w is not None else dummy, partner_n if partner_n is not None else dummy,
            layout.cu, layout.chunk_offset, T, H, K, V, layout.n, NVT,
            (b.stride(0) if b is not None and b.shape[0] > 1 else 0),
            (c.stride(0) if c is not None and c.shape[0] > 1 else 0), float(scale),
            DB=DB, C=layout.C, NB=layout.C // BT, BT=BT, BK=BK, BV=BV, HAS_B=b is not None, HAS_C=c is not None,
            HAS_H0=h0 is not None, REVERSE=reverse, VARLEN=layout.varlen, DOT=dot, HAS_X=X is not None,
-           GATE=gate is not None, ONES=ones, HAS_E=e is not None, XR=partner_right, SPLIT=split,
+           GATE=gate is not None, ONES=ones, HAS_E=e is not None, XR=partner_right, SPLIT=split, HAS_W=w is not None,
            num_warps=W, num_stages=stages_of("state", 4))
     if ones:
         return border, final, X, (n_border, n_final)
