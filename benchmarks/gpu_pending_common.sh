@@ -24,4 +24,11 @@ FAM="--sections ops --ours normalized,linear,normalized_nol2 --peers none --roun
 families() {  # families TREE:NAME...: graph-replay timings of each tree (. this one, .base, .prev), $OUT/fam_NAME
     for t in "$@"; do run python3 "${t%%:*}"/benchmarks/gpu_families_vs_peers.py $FAM --out "$OUT/fam_${t##*:}"; done
 }
+normalized_checks() {  # smoke, normalized's repeated calls at four shapes, bf16 error, graph replays of . and .prev
+   run python3 benchmarks/gpu_smoke.py --parts ones,families,repeat
+   repeats normalized,normalized_nol2,normalized_pos 2,8192,16,128,128 3,3000,4,64,128 2,4096,8,256,256 4,2048,32,32,32
+   run python3 benchmarks/gpu_hardening.py --sections quality --q-ops normalized,normalized_pos --budget-s 120 \
+       --out "$OUT/quality_new"
+   families .:new .prev:prev
+}
 PRE=()

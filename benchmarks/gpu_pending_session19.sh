@@ -58,10 +58,6 @@ case "$PART" in
      PRE=(ULA_TUNE_PREPARE=$P); run "${PRE[@]}" python3 $PROF normalized,normalized_nol2
    done
    PRE=()
-   run python3 benchmarks/gpu_smoke.py --parts ones,families,repeat
-   repeats normalized,normalized_nol2,normalized_pos 2,8192,16,128,128 3,3000,4,64,128 2,4096,8,256,256 4,2048,32,32,32
-   run python3 benchmarks/gpu_hardening.py --sections quality --q-ops normalized,normalized_pos --budget-s 120 \
-       --out "$OUT/quality_new"
-   families .:new .prev:prev ;;
+   normalized_checks ;;
 esac
 echo "### done" >> "$LOG"

@@ -28,11 +28,10 @@ def record(run):
     assert os.environ.get("TRITON_INTERPRET") != "1", "kernels defined under the interpreter cannot be compiled"
     from ula.core.triton import cumsum, decay_grad, output, state, step  # noqa: F401  (defines the kernels)
     from ula.core.triton import entry  # noqa: F401  (context parallelism's entry term)
-    from ula.ops import (_l2norm, _mlstm_epilogue, _mlstm_gate_kernels, _normalized_epilogue,  # noqa: F401
-                         _normalized_prepare)
+    from ula.ops import _l2norm, _mlstm_epilogue, _mlstm_gate_kernels, _normalized_epilogue  # noqa: F401
     mods = [sys.modules[f"ula.core.triton.{m}"] for m in ("cumsum", "decay_grad", "output", "state", "step", "entry")]
     mods += [sys.modules[f"ula.ops.{m}"] for m in ("_mlstm_gate_kernels", "_mlstm_epilogue", "_normalized_epilogue",
-                                                   "_l2norm", "_normalized_prepare")]  # the families' own
+                                                   "_l2norm")]  # the families' own
     seen = {}
 
     def fake_launch(kernel, grid, *args, num_warps=4, num_stages=None, **constexprs):  # stages: Triton's default
@@ -148,12 +147,12 @@ def core_cases(B=2, T=300, H=2, K=128, V=128, dtype=torch.bfloat16):
             sum(o.sum() for o in outs).backward()
         gates.PARALLEL = True
         # normalized attention: the L2 norm, the a part and the division in the core's kernels
-        # (ula/ops/_normalized_prepare.py, _normalized_fused.py); with a width the column-of-ones kernels do not take (V = 24), the
+        # (ula/ops/_l2norm.py, _normalized_fused.py); with a width the column-of-ones kernels do not take (V = 24), the
         # generic core call and the epilogue kernels (_normalized_epilogue.py)
-        for Vn in (V, 24):
+        # (b a tensor: the L2 norm as its own Function; b a float: inside, its forward with 1 / |x|)
+        for Vn, b in ((V, torch.ones(H).requires_grad_()), (24, torch.ones(H).requires_grad_()), (V, 2.0)):
             q, k, v = r(B, T, H, K), r(B, T, H, K), r(B, T, H, Vn)
-            o, S = ula.normalized_linear_attention(q, k, v, 1.0, torch.ones(H).requires_grad_(),
-                                                   output_final_state=True, backend="triton")
+            o, S = ula.normalized_linear_attention(q, k, v, 1.0, b, output_final_state=True, backend="triton")
             (o.float().sum() + S.sum()).backward()
         # GSA (64 slots): s in float32 beside bfloat16 q, k (pass 1) and v (pass 2), the softmax output in float32
         # (ula/ops/gsa.py)

@@ -181,40 +181,60 @@ def test_fused_l2_norm(one_thread):
     check({n: rel(a, b) for n, a, b in zip(("q", "k", "dq", "dk"), errs["fused"], errs["ref"])}, seed)
 
 
-@pytest.mark.parametrize("l2,sums", [(True, True), (True, False), (False, True)])
-@pytest.mark.parametrize("varlen", [False, True])
-def test_prepare_pass(one_thread, l2, sums, varlen):
-    """The one pass before the fused forward (ula/ops/_normalized_prepare.py): the normalized rows and 1 / |x|
-    against F.normalize in float64, the chunk sums of v against sums over each chunk of the layout (T not a
-    multiple of the chunk; with varlen chunks start at each sequence's start), a zero row (r negative there)."""
-    from ula.core.triton.chunk import make_layout
-    from ula.ops._normalized_prepare import prepare
+def test_unit_pair_with_inverse(one_thread):
+    """The fused forward's L2 norm (ula/ops/_l2norm.py unit_pair, q and k in one launch): the normalized rows and
+    r = 1 / max(|x|, eps) against F.normalize in float64, rows not a multiple of the block, D not a power of two,
+    a zero row (r negative there: no projection term in the backward)."""
+    from ula.ops._l2norm import unit_pair
     seed = fresh_seed()
-    K, V, C = 24, 40, 16
-    B, T, cu = (1, 53, torch.tensor([0, 19, 20, 53])) if varlen else (2, 37, None)
-    q, k, v = torch.randn(B, T, H, K), torch.randn(B, T, H, K) * 3, torch.randn(B, T, H, V)
+    q, k = torch.randn(2, 37, H, 24), torch.randn(2, 37, H, 24) * 3
     q[0, 3, 1] = 0.0
-    layout = make_layout(B, T, C, cu, q.device)
-    qn, kn, rq, rk, s = prepare(q, k, v, layout, l2, sums)
+    qn, kn, rq, rk = unit_pair(q, k)
     errs = {}
-    if l2:
-        for name, x, y, r in (("q", q, qn, rq), ("k", k, kn, rk)):
-            x64 = x.double()
-            errs[name] = rel(y, F.normalize(x64, dim=-1))
-            norm = x64.norm(dim=-1)
-            want = torch.where(norm >= 1e-12, 1 / norm.clamp_min(1e-12), -1 / norm.clamp_min(1e-12))
-            errs["r" + name] = rel(r, want)
-        assert rq[0, 3, 1] < 0 and torch.isfinite(rq).all()
-    else:
-        assert qn is q and kn is k and rq is None and rk is None
-    if sums:
-        starts = [0] if cu is None else cu[:-1].tolist()
-        ends = [T] if cu is None else cu[1:].tolist()
-        want = []
-        for b in range(B):
-            for s0, e0 in zip(starts, ends):
-                want += [v[b, c0:min(c0 + C, e0)].double().sum(0) for c0 in range(s0, e0, C)]
-        errs["v_sums"] = rel(s, torch.stack(want))
-    else:
-        assert s is None
+    for name, x, y, r in (("q", q, qn, rq), ("k", k, kn, rk)):
+        x64 = x.double()
+        errs[name] = rel(y, F.normalize(x64, dim=-1))
+        norm = x64.norm(dim=-1)
+        want = torch.where(norm >= 1e-12, 1 / norm.clamp_min(1e-12), -1 / norm.clamp_min(1e-12))
+        errs["r" + name] = rel(r, want)
+    assert rq[0, 3, 1] < 0 and torch.isfinite(rq).all()
     check(errs, seed)
+
+
+@pytest.mark.parametrize("dot", ["f32", "bf16"])
+@pytest.mark.parametrize("varlen,z0", [(False, False), (False, True), (True, True)])
+def test_state_call_sums_v(one_thread, dot, varlen, z0):
+    """The forward state call's sums of v (chunk_states' v_sums: normalized attention's a part, the state of a
+    constant key 1): z0 + Σ v over the earlier chunks of each sequence, stored before each chunk ([B * chunks, H, V]
+    as the output kernel reads it), and the total, against float64 sums; T not a multiple of the chunk, two row
+    blocks per chunk, varlen (chunks restart at each sequence), bfloat16 matmuls (emulated: the sums as a matmul
+    against a column of ones, exact for bfloat16 values) and float32 (a row sum)."""
+    from ula.core.triton.chunk import make_layout
+    from ula.core.triton.state import chunk_states
+    from ula.core.triton.utils import DOT_BF16_EMULATED, DOT_F32, set_tuning
+    seed = fresh_seed()
+    K, V, C = 40, 24, 32  # K in three tiles: each keeps the sums, the first stores them
+    B, T, cu = (1, 83, torch.tensor([0, 19, 20, 83])) if varlen else (2, 77, None)
+    N = B if cu is None else cu.numel() - 1
+    rb = lambda x: x.bfloat16().float()  # noqa: E731  (values a bfloat16 model holds)
+    k, v = rb(torch.randn(B, T, H, K)), rb(torch.randn(B, T, H, V))
+    zinit = torch.randn(N, H, V) if z0 else None
+    layout = make_layout(B, T, C, cu, k.device)
+    set_tuning("state", "16,16,16,4")  # two row blocks of a chunk, V in two tiles (the last partial)
+    try:
+        out = chunk_states(k, v, None, None, None, layout, False, DOT_BF16_EMULATED if dot == "bf16" else DOT_F32,
+                           ones=True, v_sums=True, z0=zinit)
+    finally:
+        set_tuning("state", None)
+    carry, total = out[4]
+    starts = [0] if cu is None else cu[:-1].tolist()
+    ends = [T] if cu is None else cu[1:].tolist()
+    want, want_total = [], []
+    for b in range(B):
+        for i, (s0, e0) in enumerate(zip(starts, ends)):
+            z = torch.zeros(H, V, dtype=torch.float64) if zinit is None else zinit[b + i].double()
+            for c0 in range(s0, e0, C):
+                want.append(z)
+                z = z + v[b, c0:min(c0 + C, e0)].double().sum(0)
+            want_total.append(z)
+    check({"carry": rel(carry, torch.stack(want)), "total": rel(total, torch.stack(want_total))}, seed)

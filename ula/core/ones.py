@@ -66,8 +66,11 @@ def linear_attention_with_ones(q, k, v, ld=None, *, scale=None, initial_state=No
 
 
 def _ones_forward(q, k, v, ld, u, S0, n0, scale, cu_seqlens, C, prec, **extra):
-    """(o, den, S, n) on the Triton kernels; q, k, v contiguous. extra: chunk_output's rank_one (mode 1), count0 and
-    divide (normalized attention's a part and division, ula/ops/_normalized_fused.py)."""
+    """(o, den, S, n) on the Triton kernels; q, k, v contiguous. extra: chunk_output's count0 and divide, and
+    a_part=(e, z0) (normalized attention's a part and division, ula/ops/_normalized_fused.py): a rank-one feature e
+    [B, T, H] float32 of q against a constant key 1, whose state z0 [N, H, V] float32 or None + Σ v the state call
+    sums (chunk_output's rank_one mode 1); then (o, den, S, n, that state entering each chunk [B * chunks, H, V],
+    its final value [N, H, V])."""
     with precision.active(prec):
         return _ones_forward_kernels(q, k, v, ld, u, S0, n0, scale, cu_seqlens, C, **extra)
 
@@ -88,10 +91,16 @@ def _ones_forward_kernels(q, k, v, ld, u, S0, n0, scale, cu_seqlens, C, **extra)
     uc = u.contiguous() if u is not None else None
     h0 = S0.to(f32).contiguous() if S0 is not None else None
     nz = n0.to(f32).contiguous() if n0 is not None else None
-    border, S, _, (nb, n) = chunk_states(k, v, b, None, h0, layout, False, sdot, border_dtype(q, sdot), gate=uc,
-                                         ones=True, n0=nz)
+    a_part = extra.pop("a_part", None)
+    states = chunk_states(k, v, b, None, h0, layout, False, sdot, border_dtype(q, sdot), gate=uc, ones=True, n0=nz,
+                          v_sums=a_part is not None, z0=None if a_part is None else a_part[1])
+    border, S, _, (nb, n) = states[:4]
+    if a_part is not None:
+        extra["rank_one"] = (1, a_part[0], states[4][0], None, True)
     o, den = chunk_output(q, k, v, b, None, border, h0, scale, layout, False, dot, v.dtype, gate=uc,
                           ones=(nb, nz), state_dot=sdot, **extra)
+    if a_part is not None:
+        return o, den, S, n, *states[4]
     return o, den, S, n
 
 

@@ -6,14 +6,15 @@ Function, one kernel per tensor forward and backward, float32 inside, outputs in
 
 F.normalize's forward and backward are ~8 PyTorch kernels per tensor, most of them broadcasting divisions that
 read and write whole [B, T, H, K] tensors; here each tensor is read once forward (written once) and x, dy read
-once backward (dx written)."""
+once backward (dx written), and q and k share one launch forward."""
 import torch
 import triton
 import triton.language as tl
 
-from ..core.triton.utils import alloc, block, cdiv, launch
+from ..core.triton.utils import alloc, block, cdiv, launch, tuned
 
-_TILE = 4096  # elements of a [rows, D] tile
+# (elements of a [rows, D] tile, warps), unless ULA_TUNE_L2NORM="elements,warps"
+_TILE = (16384, 8)
 
 
 @triton.jit
@@ -31,29 +32,71 @@ def signed_inverse(n, d, eps):
 
 
 @triton.jit
-def _l2norm_kernel(x, dy, y, R, D, eps, BR: tl.constexpr, BD: tl.constexpr, BACKWARD: tl.constexpr):
+def _unit_block(x, y, r, R, D, eps, BR: tl.constexpr, BD: tl.constexpr, INVERSE: tl.constexpr):
+    """y = x / max(|x|, eps) on program 0's block of rows, r = signed_inverse with INVERSE."""
+    rows = tl.program_id(0) * BR + tl.arange(0, BR)
+    cols = tl.arange(0, BD)
+    mr = rows < R
+    mk = mr[:, None] & (cols < D)[None, :]
+    off = rows.to(tl.int64)[:, None] * D + cols[None, :]
+    yt, n, d = unit_rows(tl.load(x + off, mask=mk, other=0.0).to(tl.float32), eps)
+    tl.store(y + off, yt.to(y.dtype.element_ty), mask=mk)
+    if INVERSE:
+        tl.store(r + rows, signed_inverse(n, d, eps), mask=mr)
+
+
+@triton.jit
+def _l2norm_pair_kernel(q, k, qn, kn, rq, rk, R, D, eps, BR: tl.constexpr, BD: tl.constexpr, INVERSE: tl.constexpr):
+    """q's rows on grid axis 1's program 0, k's on program 1 (q and k of one shape: one launch)."""
+    if tl.program_id(1) == 0:
+        _unit_block(q, qn, rq, R, D, eps, BR, BD, INVERSE)
+    else:
+        _unit_block(k, kn, rk, R, D, eps, BR, BD, INVERSE)
+
+
+@triton.jit
+def _l2norm_backward_kernel(x, dy, dx, R, D, eps, BR: tl.constexpr, BD: tl.constexpr):
+    """dx = (dy - y (Σ dy·y)) / d, the second term where the clamp passes."""
     rows = tl.program_id(0) * BR + tl.arange(0, BR)
     cols = tl.arange(0, BD)
     mk = (rows < R)[:, None] & (cols < D)[None, :]
     off = rows.to(tl.int64)[:, None] * D + cols[None, :]
-    xt = tl.load(x + off, mask=mk, other=0.0).to(tl.float32)
-    yt, n, d = unit_rows(xt, eps)
-    if BACKWARD:  # (dy - y (Σ dy·y)) / d, the second term where the clamp passes
-        g = tl.load(dy + off, mask=mk, other=0.0).to(tl.float32)
-        s = tl.where(n >= eps, tl.sum(g * yt, 1), 0.0)
-        yt = (g - yt * s[:, None]) / d[:, None]
-    tl.store(y + off, yt.to(y.dtype.element_ty), mask=mk)
+    yt, n, d = unit_rows(tl.load(x + off, mask=mk, other=0.0).to(tl.float32), eps)
+    g = tl.load(dy + off, mask=mk, other=0.0).to(tl.float32)
+    s = tl.where(n >= eps, tl.sum(g * yt, 1), 0.0)
+    tl.store(dx + off, ((g - yt * s[:, None]) / d[:, None]).to(dx.dtype.element_ty), mask=mk)
 
 
-def _run(x, dy, eps):
+def _rows_tile(D):
+    elements, warps = tuned("l2norm", _TILE)
+    BD = block(D, 1 << 30)
+    return BD, max(1, elements // BD), warps
+
+
+def unit_pair(q, k, eps=1e-12, inverse=True):
+    """(q / max(|q|, eps), k / max(|k|, eps) per row, in their dtype[, r_q, r_k]) for contiguous q and k of one
+    shape [..., D]; r = 1 / max(|x|, eps) [...] float32, negative where the clamp acts (inverse: the fused
+    normalized attention's dQ and dK passes form the norm's backward from it, ula/ops/_normalized_fused.py)."""
+    assert q.shape == k.shape and q.is_contiguous() and k.is_contiguous()
+    D = q.shape[-1]
+    R = q.numel() // D
+    BD, BR, warps = _rows_tile(D)
+    qn, kn = alloc(q.shape, q.device, q.dtype), alloc(k.shape, k.device, k.dtype)
+    rq = rk = qn
+    if inverse:
+        rq, rk = alloc(q.shape[:-1], q.device), alloc(k.shape[:-1], k.device)
+    launch(_l2norm_pair_kernel, (cdiv(R, BR), 2), q, k, qn, kn, rq, rk, R, D, eps, BR=BR, BD=BD, INVERSE=inverse,
+           num_warps=warps)
+    return (qn, kn, rq, rk) if inverse else (qn, kn)
+
+
+def _backward(x, dy, eps):
     D = x.shape[-1]
     R = x.numel() // D
-    BD = block(D, 1 << 30)
-    BR = max(1, _TILE // BD)
-    y = alloc(x.shape, x.device, x.dtype)
-    launch(_l2norm_kernel, (cdiv(R, BR),), x, dy if dy is not None else x, y, R, D, eps, BR=BR, BD=BD,
-           BACKWARD=dy is not None)
-    return y
+    BD, BR, warps = _rows_tile(D)
+    dx = alloc(x.shape, x.device, x.dtype)
+    launch(_l2norm_backward_kernel, (cdiv(R, BR),), x, dy, dx, R, D, eps, BR=BR, BD=BD, num_warps=warps)
+    return dx
 
 
 class _L2NormFn(torch.autograd.Function):
@@ -63,13 +106,13 @@ class _L2NormFn(torch.autograd.Function):
         q, k = q.contiguous(), k.contiguous()
         ctx.save_for_backward(q, k)
         ctx.eps = eps
-        return _run(q, None, eps), _run(k, None, eps)
+        return unit_pair(q, k, eps, inverse=False)
 
     @staticmethod
     def backward(ctx, dq, dk):
         q, k = ctx.saved_tensors
-        dq = None if dq is None else _run(q, dq.contiguous(), ctx.eps)
-        dk = None if dk is None else _run(k, dk.contiguous(), ctx.eps)
+        dq = None if dq is None else _backward(q, dq.contiguous(), ctx.eps)
+        dk = None if dk is None else _backward(k, dk.contiguous(), ctx.eps)
         return dq, dk, None
 
 

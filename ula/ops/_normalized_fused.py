@@ -4,16 +4,15 @@ core's kernels with the column of ones (ula/core/ones.py).
     out_i = (a Z_i + b q_i S_i) / clamp_sign(a C_i + b q_i z_i)      Z = z0 + Σ v, C = c0 + count, z = Σ k
 
 The constant a is one more feature of q against a constant 1 in k (paper 001's kernel a + b x): a rank-one term of
-the scores (ula/core/triton/output.py, rank_one mode 1), whose state part is z0 + Σ v over the earlier chunks (the
-chunk sums of ._normalized_prepare, scanned by ._normalized_epilogue.v_prefix) and whose share of the normalizer is
-a times the count. The output kernel divides before it stores. Backward: dden = -Σ_v dnum out with dnum = dout / d
+the scores (ula/core/triton/output.py, rank_one mode 1), whose state part is z0 + Σ v over the earlier chunks (summed
+by the forward's state call, ula/core/ones.py's a_part) and whose share of the normalizer is a times the count. The output kernel divides before it stores. Backward: dden = -Σ_v dnum out with dnum = dout / d
 (one kernel, ._normalized_epilogue.backward_from_output: it writes dden, 1 / d and the chunk sums of dnum), then the
 core's backward with the column of ones on dout, each row weighted by 1 / d where the kernels read it (do_weight: no
 dnum tensor written and read back), the dV pass carrying the a part as a rank-one term (mode 2) with the later
 chunks' a Σ dnum as its state.
 
 A float b is the core's scale (a enters as a / b). With it the L2 norm of q and k (Eq. 22) runs inside too: its
-forward writes the normalized rows and 1 / |x| (._normalized_prepare, in one pass with the chunk sums of v), and the
+forward writes the normalized rows and 1 / |x| (._l2norm.unit_pair, one launch for q and k), and the
 dQ and dK passes return the gradients of the rows before the norm, (g - x (x·g)) / |x|, from the whole row they hold
 in one tile (the backward's two L2 kernels, 0.135 ms, gone for +0.059 ms in those passes at B2 T8192 H16 K=V=128 on
 an H100).
@@ -27,7 +26,7 @@ from ..core import precision
 from ..core.ones import _ones_backward, _ones_forward
 from ..core.triton.chunk import make_layout
 from . import _normalized_epilogue as epi
-from ._normalized_prepare import prepare
+from ._l2norm import unit_pair
 
 
 def _a_per_step(a, a_val, scale, shape, device):
@@ -63,14 +62,14 @@ def _forward(q, k, v, a, S0, n0, z0, c0, a_val, scale, l2, eps, cu_seqlens, C, p
     B, T, H = v.shape[:3]
     rq = rk = None
     extra = dict(divide=eps)
-    carry = zT = None
-    if l2 or has_a:
-        layout = make_layout(B, T, C, cu_seqlens, v.device)
-        q, k, rq, rk, sums = prepare(q, k, v, layout, l2, has_a)
-    if has_a:
-        carry, zT = epi.v_prefix(sums, z0, layout)  # z0 + Σ v before each chunk
-        extra.update(rank_one=(1, _a_per_step(a, a_val, scale, (B, T, H), v.device), carry, None, True), count0=c0)
-    out, den, S, n = _ones_forward(q, k, v, None, None, S0, n0, scale, cu_seqlens, C, prec, **extra)
+    if l2:
+        q, k, rq, rk = unit_pair(q, k)
+    if not has_a:
+        out, den, S, n = _ones_forward(q, k, v, None, None, S0, n0, scale, cu_seqlens, C, prec, **extra)
+        return out, S, n, None, (q, k, rq, rk, out, den, None)
+    e = _a_per_step(a, a_val, scale, (B, T, H), v.device)
+    out, den, S, n, carry, zT = _ones_forward(q, k, v, None, None, S0, n0, scale, cu_seqlens, C, prec, count0=c0,
+                                              a_part=(e, z0), **extra)  # carry: z0 + Σ v before each chunk
     return out, S, n, zT, (q, k, rq, rk, out, den, carry)
 
 

@@ -144,18 +144,26 @@ def split_parts(e):
 
 
 @triton.jit
-def _rows_into_state(S, n, r0, ce, k_base, v_base, c_base, e_base, w_base, c_end, f, kc, vc, mk, mv, K, V, H, scale,
-                     DB: tl.constexpr, BT: tl.constexpr, HAS_F: tl.constexpr, HAS_C: tl.constexpr, DOT: tl.constexpr,
-                     ONES: tl.constexpr, HAS_E: tl.constexpr, SPLIT: tl.constexpr, HAS_W: tl.constexpr):
+def _rows_into_state(S, n, zs, r0, ce, k_base, v_base, c_base, e_base, w_base, c_end, f, kc, vc, mk, mv, K, V, H,
+                     scale, DB: tl.constexpr, BT: tl.constexpr, HAS_F: tl.constexpr, HAS_C: tl.constexpr,
+                     DOT: tl.constexpr, ONES: tl.constexpr, HAS_E: tl.constexpr, SPLIT: tl.constexpr,
+                     HAS_W: tl.constexpr, VSUM: tl.constexpr):
     """S + scale (f ⊙ k)ᵀ (v decayed to the chunk's end) over rows r0 .. r0 + BT (before ce); f: the rows' factor
     of k (_row_factor); with HAS_W v's rows times w_t. With ONES also n + scale Σ_rows f ⊙ k (e_t ⊙ f ⊙ k with
     HAS_E): the state's column for one more column of v, of ones (the normalizer) or of e (its gradient, in the
-    backward)."""
+    backward). With VSUM also zs + Σ_rows v (no decay, no scale): the state of a constant key 1, as n a [BV, NW]
+    block."""
     rows = r0 + tl.arange(0, BT)
     mr = rows < ce
     r64 = rows.to(tl.int64) * H
     kt = operand(tl.load(k_base + r64[:, None] * K + kc[None, :], mask=mr[:, None] & mk[None, :], other=0.0), DOT)
     vt = operand(tl.load(v_base + r64[:, None] * V + vc[None, :], mask=mr[:, None] & mv[None, :], other=0.0), DOT)
+    if VSUM:  # SPLIT: v is exact in bfloat16, so a matmul against a column of ones sums it in float32
+        if SPLIT:
+            zs = zs + mm(tl.trans(vt), tl.where(tl.arange(0, NW)[None, :] == 0, 1.0,
+                                                 tl.zeros([BT, NW], dtype=tl.float32)), DOT)
+        else:
+            zs = zs + tl.sum(vt.to(tl.float32), 0)[:, None]
     if HAS_W:
         vt = vt * tl.load(w_base + r64, mask=mr, other=0.0)[:, None]
     if ONES and SPLIT:  # k as loaded (exact in bfloat16) against the rows' weights in three parts (or ones)
@@ -178,7 +186,7 @@ def _rows_into_state(S, n, r0, ce, k_base, v_base, c_base, e_base, w_base, c_end
         if HAS_E:
             w = w * tl.load(e_base + r64, mask=mr, other=0.0).to(tl.float32)[:, None]
         n = n + tl.sum(w, 0)[:, None] * scale
-    return S + mm(tl.trans(kt), vt, DOT) * scale, n
+    return S + mm(tl.trans(kt), vt, DOT) * scale, n, zs
 
 
 @triton.jit
@@ -211,12 +219,13 @@ def _border_products(S, partner, X, b_base, c_base, bord, i_k, i_v, NKT, NVT, ce
 
 
 @triton.jit
-def _state_kernel(k, v, b, c, u, h0, border, final, partner, X, n0, n_border, n_final, e, w, partner_n, cu,
-                  chunk_offset, T, H, K, V, NC, NVT, sb_b, sc_b, scale,
+def _state_kernel(k, v, b, c, u, h0, border, final, partner, X, n0, n_border, n_final, e, w, partner_n, z0, z_carry,
+                  z_final, cu, chunk_offset, T, H, K, V, NC, NVT, sb_b, sc_b, scale,
                   DB: tl.constexpr, C: tl.constexpr, NB: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
                   HAS_B: tl.constexpr, HAS_C: tl.constexpr, HAS_H0: tl.constexpr, REVERSE: tl.constexpr,
                   VARLEN: tl.constexpr, DOT: tl.constexpr, HAS_X: tl.constexpr, GATE: tl.constexpr, ONES: tl.constexpr,
-                  HAS_E: tl.constexpr, XR: tl.constexpr, SPLIT: tl.constexpr, HAS_W: tl.constexpr):
+                  HAS_E: tl.constexpr, XR: tl.constexpr, SPLIT: tl.constexpr, HAS_W: tl.constexpr,
+                  VSUM: tl.constexpr, HAS_Z0: tl.constexpr):
     i_nh, i_k, i_v = tl.program_id(0), tl.program_id(1), tl.program_id(2)  # sequences x heads on axis 0
     i_n, i_h = i_nh // H, i_nh % H
     if VARLEN:
@@ -255,6 +264,15 @@ def _state_kernel(k, v, b, c, u, h0, border, final, partner, X, n0, n_border, n_
         if SPLIT:  # a partial sum: in the first column only
             n0v = tl.where(tl.arange(0, NW)[None, :] == 0, n0v, 0.0)
         n += n0v
+    # VSUM (forward, no decay): zs = z0 + Σ v, kept by every K tile and stored by the first, before each chunk (the
+    # vector entering it, [B * chunks, H, V]) and after the last
+    zs = tl.zeros([BV, NW], dtype=tl.float32)
+    z_ok = mv & (i_k == 0)
+    if VSUM and HAS_Z0:
+        z0v = tl.load(z0 + (i_n.to(tl.int64) * H + i_h) * V + vc, mask=mv, other=0.0)[:, None]
+        if SPLIT:
+            z0v = tl.where(tl.arange(0, NW)[None, :] == 0, z0v, 0.0)
+        zs += z0v
     HAS_F: tl.constexpr = HAS_B or GATE
     # the decays of a chunk are loaded one chunk ahead: a program of this sequential loop has no other warps to
     # hide a load's latency behind, and it would wait for them every chunk (k and v are pipelined by the compiler)
@@ -263,6 +281,8 @@ def _state_kernel(k, v, b, c, u, h0, border, final, partner, X, n0, n_border, n_
                                           REVERSE)
     for it in range(0, nc):
         idx, cs, ce, e_row = _chunk_span(it, nc, bos, eos, C, REVERSE)
+        if VSUM:
+            _store_n(z_carry + ((i_b.to(tl.int64) * NC + c0 + idx) * H + i_h) * V, vc, zs, z_ok, SPLIT)
         if REVERSE:
             tl.store(bord_base + idx.to(tl.int64) * K * V + kv_off, S, mask=mkv)
             if ONES:
@@ -295,25 +315,26 @@ def _state_kernel(k, v, b, c, u, h0, border, final, partner, X, n0, n_border, n_
         # every block's tiles would stay in shared memory at once)
         if NB <= 2:
             if HAS_F:
-                S, n = _rows_into_state(S, n, cs, ce, k_base, v_base, c_base, e_base, w_base, c_end, f0, kc, vc, mk,
-                                        mv, K, V, H, scale, DB, BT, HAS_F, HAS_C, DOT, ONES, HAS_E, SPLIT, HAS_W)
-                if NB == 2:
-                    S, n = _rows_into_state(S, n, cs + BT, ce, k_base, v_base, c_base, e_base, w_base, c_end, f1, kc,
+                S, n, zs = _rows_into_state(S, n, zs, cs, ce, k_base, v_base, c_base, e_base, w_base, c_end, f0, kc,
                                             vc, mk, mv, K, V, H, scale, DB, BT, HAS_F, HAS_C, DOT, ONES, HAS_E, SPLIT,
-                                            HAS_W)
+                                            HAS_W, VSUM)
+                if NB == 2:
+                    S, n, zs = _rows_into_state(S, n, zs, cs + BT, ce, k_base, v_base, c_base, e_base, w_base, c_end,
+                                                f1, kc, vc, mk, mv, K, V, H, scale, DB, BT, HAS_F, HAS_C, DOT, ONES,
+                                                HAS_E, SPLIT, HAS_W, VSUM)
             else:
                 for sb in tl.static_range(NB):
-                    S, n = _rows_into_state(S, n, cs + sb * BT, ce, k_base, v_base, c_base, e_base, w_base, c_end,
-                                            0.0, kc, vc, mk, mv, K, V, H, scale, DB, BT, HAS_F, HAS_C, DOT, ONES,
-                                            HAS_E, SPLIT, HAS_W)
+                    S, n, zs = _rows_into_state(S, n, zs, cs + sb * BT, ce, k_base, v_base, c_base, e_base, w_base,
+                                                c_end, 0.0, kc, vc, mk, mv, K, V, H, scale, DB, BT, HAS_F, HAS_C, DOT,
+                                                ONES, HAS_E, SPLIT, HAS_W, VSUM)
         else:
             for sb in range(NB):
                 f = 0.0
                 if HAS_F:
                     f = _row_factor(cs + sb * BT, ce, True, b_base, u_base, b_end, kc, mk, H, DB, BT, BK, HAS_B, GATE)
-                S, n = _rows_into_state(S, n, cs + sb * BT, ce, k_base, v_base, c_base, e_base, w_base, c_end, f, kc,
-                                        vc, mk, mv, K, V, H, scale, DB, BT, HAS_F, HAS_C, DOT, ONES, HAS_E, SPLIT,
-                                        HAS_W)
+                S, n, zs = _rows_into_state(S, n, zs, cs + sb * BT, ce, k_base, v_base, c_base, e_base, w_base, c_end,
+                                            f, kc, vc, mk, mv, K, V, H, scale, DB, BT, HAS_F, HAS_C, DOT, ONES, HAS_E,
+                                            SPLIT, HAS_W, VSUM)
         if not REVERSE:
             tl.store(bord_base + idx.to(tl.int64) * K * V + kv_off, S, mask=mkv)
             if ONES:
@@ -324,10 +345,12 @@ def _state_kernel(k, v, b, c, u, h0, border, final, partner, X, n0, n_border, n_
     tl.store(final + (i_n.to(tl.int64) * H + i_h) * K * V + kv_off, S, mask=mkv)
     if ONES:
         _store_n(n_final + (i_n.to(tl.int64) * H + i_h) * K, kc, n, n_ok, SPLIT)
+    if VSUM:
+        _store_n(z_final + (i_n.to(tl.int64) * H + i_h) * V, vc, zs, z_ok, SPLIT)
 
 
 def chunk_states(k, v, b, c, h0, layout, reverse, dot, state_dtype=torch.float32, scale=1.0, partner=None, gate=None,
-                 ones=False, n0=None, e=None, partner_n=None, partner_right=False, w=None):
+                 ones=False, n0=None, e=None, partner_n=None, partner_right=False, w=None, v_sums=False, z0=None):
     """k [B, T, H, K], v [B, T, H, V] contiguous; b [Bg, T, H, K|1], c [Bg, T, H, V] chunk-local cumulative
     log decays (or None); h0 [N, H, K, V] float32 contiguous or None; every k_tᵀ v_t enters times `scale` (and
     exp(gate_t) with a log key gate [B, T, H], contiguous).
@@ -339,7 +362,11 @@ def chunk_states(k, v, b, c, h0, layout, reverse, dot, state_dtype=torch.float32
     [B, T, H] (float32, contiguous), from n0 [N, H, K] float32 (or zero): returned after X as (n_border [B, H, n, K]
     in state_dtype, n_final [N, H, K] float32); with a partner, its column partner_n joins the border terms.
     w [B, T, H] float32 (contiguous): v's rows times w_t, not e's (the backward of a division by the normalizer,
-    ula/ops/_normalized_fused.py: v = dout, w = 1 / d)."""
+    ula/ops/_normalized_fused.py: v = dout, w = 1 / d).
+    v_sums (with ones, going forward, no decay): also the state of a constant key 1 (normalized attention's a part,
+    z0 [N, H, V] float32 or zero + Σ v, unscaled), returned last as (the vector entering each chunk [B * chunks, H, V],
+    the final one [N, H, V]) float32: the pass over v that summed each chunk before the forward
+    (ula/ops/_normalized_prepare.py, 0.037 ms at B2 T8192 H16 V=128 on an H100) and its scan gone."""
     B, T, H, K = k.shape
     V = v.shape[-1]
     N = layout.N
@@ -378,6 +405,11 @@ def chunk_states(k, v, b, c, h0, layout, reverse, dot, state_dtype=torch.float32
         assert c is None and (b is None or b.shape[-1] == 1) and (partner is None or partner_n is not None)
         n_border = alloc((B, H, layout.n, K), k.device, state_dtype)
         n_final = alloc((N, H, K), k.device)
+    z_carry = z_final = None
+    if v_sums:
+        assert ones and not reverse and b is None and c is None and gate is None and w is None
+        z_carry = alloc((B * layout.n, H, V), k.device)
+        z_final = alloc((N, H, V), k.device)
     DB = b.shape[-1] if b is not None else 1
     dummy = border
     grid = (N * H, cdiv(K, BK), NVT)  # axes 1 and 2 stop at 65535
@@ -386,13 +418,16 @@ def chunk_states(k, v, b, c, h0, layout, reverse, dot, state_dtype=torch.float32
            partner if partner is not None else dummy, X if X is not None else dummy,
            n0 if n0 is not None else dummy, n_border if ones else dummy, n_final if ones else dummy,
            e if e is not None else dummy, w if w is not None else dummy, partner_n if partner_n is not None else dummy,
-           layout.cu, layout.chunk_offset, T, H, K, V, layout.n, NVT,
+           z0 if z0 is not None else dummy, z_carry if v_sums else dummy, z_final if v_sums else dummy, layout.cu,
+           layout.chunk_offset, T, H, K, V, layout.n, NVT,
            (b.stride(0) if b is not None and b.shape[0] > 1 else 0),
            (c.stride(0) if c is not None and c.shape[0] > 1 else 0), float(scale),
            DB=DB, C=layout.C, NB=layout.C // BT, BT=BT, BK=BK, BV=BV, HAS_B=b is not None, HAS_C=c is not None,
            HAS_H0=h0 is not None, REVERSE=reverse, VARLEN=layout.varlen, DOT=dot, HAS_X=X is not None,
            GATE=gate is not None, ONES=ones, HAS_E=e is not None, XR=partner_right, SPLIT=split, HAS_W=w is not None,
-           num_warps=W, num_stages=stages_of("state", 4))
+           VSUM=v_sums, HAS_Z0=v_sums and z0 is not None, num_warps=W, num_stages=stages_of("state", 4))
+    if v_sums:
+        return border, final, X, (n_border, n_final), (z_carry, z_final)
     if ones:
         return border, final, X, (n_border, n_final)
     return border, final, X
