@@ -5,6 +5,13 @@
 #                                                  # the norm's tiles (ULA_TUNE_L2NORM), smoke, repeated calls at four
 #                                                  # shapes, bf16 error, graph replays of this tree and .prev (git
 #                                                  # archive of commit a29f64d)
+#     bash benchmarks/gpu_pending_session20.sh 2   # (trials) the dQ and dK passes' projection row loaded before
+#                                                  # their matmuls (ULA_EXP_PROJ_EARLY=1), the L2 norm's streaming loads
+#                                                  # and stores (ULA_EXP_L2_CACHE=1): ordered profiles, repeated calls;
+#                                                  # what a row pass reaches here (gpu_rowpass_bandwidth.py)
+#     bash benchmarks/gpu_pending_session20.sh 3   # (the projection's rows loaded early, as committed) what a row
+#                                                  # pass reaches, ordered profile, smoke, repeated calls, bf16 error,
+#                                                  # graph replays of this tree and .prev (commit aa2f8f1)
 # Writes $OUT/pending20.log (every command's output under a header, the device line, the measured files' checksums).
 NAME=pending20
 source "$(dirname "$0")/gpu_pending_common.sh"
@@ -14,6 +21,15 @@ case "$PART" in
      PRE=(ULA_TUNE_L2NORM=$P); run "${PRE[@]}" python3 $PROF normalized
    done
    PRE=()
+   normalized_checks ;;
+2) run python3 benchmarks/gpu_rowpass_bandwidth.py
+   run ULA_EXP_L2_CACHE=1 python3 benchmarks/gpu_rowpass_bandwidth.py
+   run python3 $PROF normalized
+   for X in ULA_EXP_PROJ_EARLY=1 ULA_EXP_L2_CACHE=1; do PRE=($X); run "${PRE[@]}" python3 $PROF normalized; done
+   PRE=(ULA_EXP_PROJ_EARLY=1)
+   repeats normalized,normalized_pos 2,8192,16,128,128 3,3000,4,64,128 ;;
+3) run python3 benchmarks/gpu_rowpass_bandwidth.py
+   run python3 $PROF normalized,normalized_nol2,linear
    normalized_checks ;;
 esac
 echo "### done" >> "$LOG"
