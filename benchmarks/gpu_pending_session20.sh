@@ -12,6 +12,11 @@
 #     bash benchmarks/gpu_pending_session20.sh 3   # (the projection's rows loaded early, as committed) what a row
 #                                                  # pass reaches, ordered profile, smoke, repeated calls, bf16 error,
 #                                                  # graph replays of this tree and .prev (commit aa2f8f1)
+#     bash benchmarks/gpu_pending_session20.sh 4   # (the forward's normalizer q·n as a bf16 matmul against n in three
+#                                                  # parts, not q read again: ULA_EXP_DEN_MM=1, the default; 0 the
+#                                                  # former) ordered profiles of normalized and mLSTMexp both ways,
+#                                                  # repeated calls of both at four shapes, smoke, bf16 error, graph
+#                                                  # replays of this tree and .prev (commit 59d2877)
 # Writes $OUT/pending20.log (every command's output under a header, the device line, the measured files' checksums).
 NAME=pending20
 source "$(dirname "$0")/gpu_pending_common.sh"
@@ -28,6 +33,10 @@ case "$PART" in
    for X in ULA_EXP_PROJ_EARLY=1 ULA_EXP_L2_CACHE=1; do PRE=($X); run "${PRE[@]}" python3 $PROF normalized; done
    PRE=(ULA_EXP_PROJ_EARLY=1)
    repeats normalized,normalized_pos 2,8192,16,128,128 3,3000,4,64,128 ;;
+4) for X in 1 0; do PRE=(ULA_EXP_DEN_MM=$X); run "${PRE[@]}" python3 $PROF normalized,mlstm_exp,mlstm_sig; done
+   PRE=()
+   repeats mlstm_exp 2,8192,16,128,128 3,3000,4,64,128 2,4096,8,256,256 4,2048,32,32,32
+   normalized_checks ;;
 3) run python3 benchmarks/gpu_rowpass_bandwidth.py
    run python3 $PROF normalized,normalized_nol2,linear
    normalized_checks ;;
