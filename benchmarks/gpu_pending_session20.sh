@@ -17,6 +17,9 @@
 #                                                  # former) ordered profiles of normalized and mLSTMexp both ways,
 #                                                  # repeated calls of both at four shapes, smoke, bf16 error, graph
 #                                                  # replays of this tree and .prev (commit 59d2877)
+#     bash benchmarks/gpu_pending_session20.sh 5   # the output kernel's tiles, warps and stages by hand
+#                                                  # (ULA_TUNE_OUTPUT): ordered profiles of normalized, to read the dQ
+#                                                  # and dK passes with the L2 norm's backward (which spill at 4 warps)
 # Writes $OUT/pending20.log (every command's output under a header, the device line, the measured files' checksums).
 NAME=pending20
 source "$(dirname "$0")/gpu_pending_common.sh"
@@ -37,6 +40,9 @@ case "$PART" in
    PRE=()
    repeats mlstm_exp 2,8192,16,128,128 3,3000,4,64,128 2,4096,8,256,256 4,2048,32,32,32
    normalized_checks ;;
+5) for P in 64,64,128,8 64,64,128,8,1 64,64,128,4,1 64,64,128,4,3 32,64,128,4 64,32,128,4; do
+     PRE=(ULA_TUNE_OUTPUT=$P); run "${PRE[@]}" python3 $PROF normalized
+   done ;;
 3) run python3 benchmarks/gpu_rowpass_bandwidth.py
    run python3 $PROF normalized,normalized_nol2,linear
    normalized_checks ;;
