@@ -20,6 +20,13 @@
 #     bash benchmarks/gpu_pending_session20.sh 5   # the output kernel's tiles, warps and stages by hand
 #                                                  # (ULA_TUNE_OUTPUT): ordered profiles of normalized, to read the dQ
 #                                                  # and dK passes with the L2 norm's backward (which spill at 4 warps)
+#     bash benchmarks/gpu_pending_session20.sh 6   # (q's L2 norm inside the forward's output kernel, from its second
+#                                                  # read of q; k's norm alone before; the backward reads q as given,
+#                                                  # its rows weighted by 1 / |q|) ordered profiles, smoke, repeated
+#                                                  # calls at four shapes, bf16 error, graph replays of this tree and
+#                                                  # .prev (commit da7f4ac)
+#     bash benchmarks/gpu_pending_session20.sh 7   # the same after q's weights moved into the division's backward
+#                                                  # kernel (|r| / d, |r| dden, a / (b |r|): no PyTorch ops between)
 # Writes $OUT/pending20.log (every command's output under a header, the device line, the measured files' checksums).
 NAME=pending20
 source "$(dirname "$0")/gpu_pending_common.sh"
@@ -43,6 +50,8 @@ case "$PART" in
 5) for P in 64,64,128,8 64,64,128,8,1 64,64,128,4,1 64,64,128,4,3 32,64,128,4 64,32,128,4; do
      PRE=(ULA_TUNE_OUTPUT=$P); run "${PRE[@]}" python3 $PROF normalized
    done ;;
+6|7) run python3 $PROF normalized,normalized_nol2,linear
+   normalized_checks ;;
 3) run python3 benchmarks/gpu_rowpass_bandwidth.py
    run python3 $PROF normalized,normalized_nol2,linear
    normalized_checks ;;

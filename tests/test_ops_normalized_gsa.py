@@ -24,7 +24,7 @@ def _norm_state(N):
 
 
 @pytest.mark.parametrize("backend", ["torch", "triton"])
-@pytest.mark.parametrize("coef", ["float", "tensor"])
+@pytest.mark.parametrize("coef", ["float", "tensor", "a_tensor"])
 @pytest.mark.parametrize("h0", [False, True])
 def test_normalized(coef, h0, backend):
     if backend == "triton":
@@ -32,6 +32,8 @@ def test_normalized(coef, h0, backend):
     seed = fresh_seed()
     if coef == "float":
         a, b = 1.5, 1.0
+    elif coef == "a_tensor":  # a learnable per head, b a float (the Triton path's fused form, its L2 norm inside)
+        a, b = torch.rand(H) + 1.2, 0.8
     else:  # learnable per-head coefficients, a > |b| keeps the denominator positive
         a, b = torch.rand(H) + 1.2, torch.rand(H) * 2 - 1
     inp = dict(q=torch.randn(B, T, H, K), k=torch.randn(B, T, H, K), v=torch.randn(B, T, H, V), a=a, b=b,
@@ -83,6 +85,27 @@ def test_normalized_norm_in_float32_keeps_input_dtype(monkeypatch):
     assert o.dtype == torch.bfloat16
     o_ref, _ = ref_normalized(q.double(), k.double(), v.double(), 1.5, 1.0)
     assert rel(o, o_ref) <= 2e-2, seed
+
+
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+def test_normalized_rows_under_the_norms_eps(backend):
+    """q and k rows whose norm is under the L2 norm's eps (1e-12: zero, and 0.8e-12): x / eps forward, and F.normalize's
+    gradient there, without the projection term (the fused path normalizes q inside its output kernel and marks
+    such rows by the sign of 1 / |q|)."""
+    if backend == "triton":
+        pytest.importorskip("triton")
+    seed = fresh_seed()
+    q, k = torch.randn(B, T, H, K), torch.randn(B, T, H, K)
+    under = lambda: F.normalize(torch.randn(K), dim=0) * 8e-13  # noqa: E731  (norm 0.8 eps: x / eps not small)
+    q[0, 2] = 0.0
+    q[-1, T - 2, 0] = under()
+    k[0, 3, 1] = 0.0
+    k[-1, 4, 0] = under()
+    inp = dict(q=q, k=k, v=torch.randn(B, T, H, V), a=1.5, b=1.0, h0=None)
+    kw = dict(KW, backend=backend)
+    errs = compare(lambda h0, **x: ula.normalized_linear_attention(**x, initial_state=h0, output_final_state=True, **kw),
+                   lambda **x: ref_normalized(**x), inp)
+    check(errs, seed)
 
 
 @pytest.mark.parametrize("backend", ["torch", "triton"])

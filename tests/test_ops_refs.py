@@ -111,8 +111,8 @@ def ref_normalized(q, k, v, a, b, qk_l2_norm=True, h0=None, direct=False):
     x1 = Σ v, X2 = Σ k vᵀ, y1 = count, y2 = Σ k (a, b applied at the output, so the state is
     [[X2, y2], [x1ᵀ, y1]] = Σ [k; 1][v; 1]ᵀ); o_i = (a x1 + b X2ᵀ q_i) / (a y1 + b y2·q_i) (Eq. 5, 8).
     direct=True evaluates Eq. 4 as written instead (quadratic; no initial state)."""
-    if qk_l2_norm:  # Eq. 22
-        q, k = q / q.norm(dim=-1, keepdim=True), k / k.norm(dim=-1, keepdim=True)
+    if qk_l2_norm:  # Eq. 22, with F.normalize's guard: x / max(|x|, 1e-12), as the op documents
+        q, k = (x / x.norm(dim=-1, keepdim=True).clamp_min(1e-12) for x in (q, k))
     B, T, H, K = q.shape
     V = v.shape[-1]
     a = torch.as_tensor(a, dtype=q.dtype).reshape(-1, 1)  # [H or 1, 1]

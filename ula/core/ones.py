@@ -66,11 +66,11 @@ def linear_attention_with_ones(q, k, v, ld=None, *, scale=None, initial_state=No
 
 
 def _ones_forward(q, k, v, ld, u, S0, n0, scale, cu_seqlens, C, prec, **extra):
-    """(o, den, S, n) on the Triton kernels; q, k, v contiguous. extra: chunk_output's count0 and divide, and
-    a_part=(e, z0) (normalized attention's a part and division, ula/ops/_normalized_fused.py): a rank-one feature e
-    [B, T, H] float32 of q against a constant key 1, whose state z0 [N, H, V] float32 or None + Σ v the state call
-    sums (chunk_output's rank_one mode 1); then (o, den, S, n, that state entering each chunk [B * chunks, H, V],
-    its final value [N, H, V])."""
+    """(o, den, S, n) on the Triton kernels; q, k, v contiguous. extra: chunk_output's count0, divide and qnorm,
+    and a_part=(e, z0) (normalized attention's a part, division and L2 norm of q, ula/ops/_normalized_fused.py): a
+    rank-one feature e [B, T, H] float32 of q against a constant key 1, whose state z0 [N, H, V] float32 or None + Σ v
+    the state call sums (chunk_output's rank_one mode 1). With a_part or qnorm: (o, den, S, n, that state entering
+    each chunk [B * chunks, H, V], its final value [N, H, V] (None, None without a_part), q's r from qnorm or None)."""
     with precision.active(prec):
         return _ones_forward_kernels(q, k, v, ld, u, S0, n0, scale, cu_seqlens, C, **extra)
 
@@ -97,15 +97,16 @@ def _ones_forward_kernels(q, k, v, ld, u, S0, n0, scale, cu_seqlens, C, **extra)
     border, S, _, (nb, n) = states[:4]
     if a_part is not None:
         extra["rank_one"] = (1, a_part[0], states[4][0], None, True)
-    o, den = chunk_output(q, k, v, b, None, border, h0, scale, layout, False, dot, v.dtype, gate=uc,
-                          ones=(nb, nz), state_dot=sdot, **extra)
-    if a_part is not None:
-        return o, den, S, n, *states[4]
-    return o, den, S, n
+    outs = chunk_output(q, k, v, b, None, border, h0, scale, layout, False, dot, v.dtype, gate=uc,
+                        ones=(nb, nz), state_dot=sdot, **extra)
+    o, den = outs[:2]
+    if a_part is None and extra.get("qnorm") is None:
+        return o, den, S, n
+    return o, den, S, n, *(states[4] if a_part is not None else (None, None)), (outs[2] if len(outs) > 2 else None)
 
 
 def _ones_backward(q, k, v, ld, u, S0, n0, do, dden, dS, dn, scale, cu_seqlens, C, need_ld, prec, **extra):
-    """The backward's kernels; extra: fused_backward's dv_rank_one, project and do_weight
+    """The backward's kernels; extra: fused_backward's dv_rank_one, project, do_weight and q_raw
     (ula/ops/_normalized_fused.py)."""
     from .triton.backward import fused_backward
     with precision.active(prec):

@@ -90,6 +90,18 @@ def unit_pair(q, k, eps=1e-12, inverse=True):
     return (qn, kn, rq, rk) if inverse else (qn, kn)
 
 
+def unit_one(x, eps=1e-12):
+    """(x / max(|x|, eps) per row in x's dtype, r = ±1 / max(|x|, eps) float32) for one contiguous tensor, as
+    unit_pair's (normalized attention's k, whose q is normalized inside the forward's output kernel)."""
+    D = x.shape[-1]
+    R = x.numel() // D
+    BD, BR, warps = _rows_tile(D)
+    y, r = alloc(x.shape, x.device, x.dtype), alloc(x.shape[:-1], x.device)
+    launch(_l2norm_pair_kernel, (cdiv(R, BR), 1), x, x, y, y, r, r, R, D, eps, BR=BR, BD=BD, INVERSE=True,
+           num_warps=warps)
+    return y, r
+
+
 def _backward(x, dy, eps):
     D = x.shape[-1]
     R = x.numel() // D

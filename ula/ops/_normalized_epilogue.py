@@ -174,17 +174,19 @@ def _forward_kernel(o, den, v, carry, c0, a, out, cu, chunk_seq, chunk_start, T,
 
 
 @triton.jit
-def _backward_kernel(o, den, v, dout, carry_f, carry_b, c0, a, do, dden, dv, dden_sum, da_part, dnum_sums, cu,
-                     chunk_seq, chunk_start, T, H, V, n, a_val, eps,
+def _backward_kernel(o, den, v, dout, carry_f, carry_b, c0, a, do, dden, dv, dden_sum, da_part, dnum_sums, rq, wq,
+                     eq, edv, cu, chunk_seq, chunk_start, T, H, V, n, a_val, a_scale, eps,
                      so_b, so_t, so_h, so_v, sd_b, sd_t, sd_h, sv_b, sv_t, sv_h, sv_v,
                      C: tl.constexpr, BR: tl.constexpr, BV: tl.constexpr, VARLEN: tl.constexpr,
                      HAS_A: tl.constexpr, A_TENSOR: tl.constexpr, HAS_C0: tl.constexpr, HAS_DV: tl.constexpr,
-                     OUT_GIVEN: tl.constexpr, SUMS: tl.constexpr, INV_D: tl.constexpr):
+                     OUT_GIVEN: tl.constexpr, SUMS: tl.constexpr, INV_D: tl.constexpr, QR: tl.constexpr):
     """do, dden, dv (HAS_DV) of one chunk of one head (the module docstring's formulas), Σ dden and the chunk's
     share of da. carry_f: Z entering the chunk; carry_b: a Σ_{t >= chunk start} dnum_t + ∂L/∂Z_T.
     OUT_GIVEN: o is the output itself and den its whole denominator den + a C (the core divided,
     ula/ops/_normalized_fused.py); then HAS_A only asks for da. SUMS: the chunk's Σ dnum too. INV_D: do gets 1 / d
-    per step ([B, T, H] float32) instead of dnum (the core's backward forms dnum where it reads dout)."""
+    per step ([B, T, H] float32) instead of dnum (the core's backward forms dnum where it reads dout). QR (with INV_D):
+    q entered before its L2 norm, rq = ±1 / |q| per step: also wq = |rq| / d and eq = |rq| dden, and with QR = 2
+    edv = a a_scale / |rq| (the weights of the passes where q's rows serve as keys or values)."""
     i_c, i_h, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     seq, cs, bos, ce = chunk_bounds(i_c, i_b, cu, chunk_seq, chunk_start, T, C, VARLEN)
     cols = tl.arange(0, BV)
@@ -208,6 +210,8 @@ def _backward_kernel(o, den, v, dout, carry_f, carry_b, c0, a, do, dden, dv, dde
     dd_acc = tl.zeros([BR], dtype=tl.float32)
     if SUMS:
         dsum = tl.zeros([BV], dtype=tl.float32)
+    if QR == 2:
+        ah = _coef(a, i_h, a_val, A_TENSOR) * a_scale
     for r in range(0, C, BR):
         rows = cs + r + tl.arange(0, BR)
         m = rows < ce
@@ -231,7 +235,14 @@ def _backward_kernel(o, den, v, dout, carry_f, carry_b, c0, a, do, dden, dv, dde
             dsum += tl.sum(dnum, 0)
         ddn = tl.where(m & ok, ddn, 0.0)
         if INV_D:
-            tl.store(do + (i_b.to(tl.int64) * T + rows) * H + i_h, 1.0 / d, mask=m)
+            step = (i_b.to(tl.int64) * T + rows) * H + i_h
+            tl.store(do + step, 1.0 / d, mask=m)
+            if QR > 0:
+                ar = tl.abs(tl.load(rq + step, mask=m, other=1.0))
+                tl.store(wq + step, ar / d, mask=m)
+                tl.store(eq + step, ddn * ar, mask=m)
+                if QR == 2:
+                    tl.store(edv + step, ah / ar, mask=m)
         else:
             tl.store(do + base + r64 * (H * V) + cols[None, :], dnum.to(do.dtype.element_ty), mask=mk)
         tl.store(dden + (i_b.to(tl.int64) * T + rows) * H + i_h, ddn.to(dden.dtype.element_ty), mask=m)
@@ -286,12 +297,14 @@ def v_prefix(sums, z0, layout):
     return _scan(sums, z0, None, 1.0, layout, sums.shape[1], sums.shape[2], reverse=False, scale=False)
 
 
-def backward_from_output(dout, dzT, out, den, v, a, c0, carry_f, layout, a_val, eps, need_da):
+def backward_from_output(dout, dzT, out, den, v, a, c0, carry_f, layout, a_val, eps, need_da, q_norm=None):
     """The backward of out = num / clamp_sign(den, eps) where the core divided (den: the whole denominator):
-    (1 / d [B, T, H] float32 (dnum = dout / d), dden, borders, da or None, dz0, dc0 or None) at `layout` (the core's
-    chunks), borders
+    (1 / d [B, T, H] float32 (dnum = dout / d), dden, borders, da or None, dz0, dc0 or None, q's weights or None) at
+    `layout` (the core's chunks), borders
     = a Σ_{t in later chunks} dnum_t + ∂L/∂Z_T per chunk, [B * chunks, H, V] float32 (the dV pass's rank-one
-    state), dz0 its total [N, H, V]. carry_f (v_prefix's) and v are read only for da."""
+    state), dz0 its total [N, H, V]. carry_f (v_prefix's) and v are read only for da.
+    q_norm = (rq, scale, has_a): q entered before its L2 norm (rq = ±1 / |q| [B, T, H] float32); q's weights are
+    (|rq| / d, |rq| dden, a / (scale |rq|) or None without an a part), [B, T, H] float32 (fused_backward's q_raw)."""
     B, T, H, V = v.shape
     n = layout.n
     tile, warps = tuned("division_backward", _BWD)
@@ -303,15 +316,22 @@ def backward_from_output(dout, dzT, out, den, v, a, c0, carry_f, layout, a_val, 
     da_part = alloc((B * n, H), v.device) if need_da else None
     c0_t = c0 if c0 is not None else den
     a_t = a if a is not None else den
+    qr, qw, a_scale = 0, (den, den, den, den), 1.0
+    if q_norm is not None:
+        qr = 2 if q_norm[2] else 1
+        qw = (q_norm[0], alloc(den.shape, v.device), alloc(den.shape, v.device),
+              alloc(den.shape, v.device) if qr == 2 else den)
+        a_scale = 1.0 / q_norm[1]
     launch(_backward_kernel, (n, H, B), out, den, v, dout, carry_f if need_da else den, den, c0_t, a_t, inv_d, dden,
-           den, dden_sum, da_part if need_da else den, sums, layout.cu, layout.chunk_seq, layout.chunk_start, T, H, V,
-           n, float(a_val), float(eps), *out.stride(), *den.stride(), *v.stride(), C=layout.C, BR=BR, BV=BV,
-           VARLEN=layout.varlen, HAS_A=need_da, A_TENSOR=a is not None, HAS_C0=c0 is not None, HAS_DV=False,
-           OUT_GIVEN=True, SUMS=True, INV_D=True, num_warps=warps)
+           den, dden_sum, da_part if need_da else den, sums, *qw, layout.cu, layout.chunk_seq, layout.chunk_start, T,
+           H, V, n, float(a_val), float(a_scale), float(eps), *out.stride(), *den.stride(), *v.stride(), C=layout.C,
+           BR=BR, BV=BV, VARLEN=layout.varlen, HAS_A=need_da, A_TENSOR=a is not None, HAS_C0=c0 is not None,
+           HAS_DV=False, OUT_GIVEN=True, SUMS=True, INV_D=True, QR=qr, num_warps=warps)
     carry_b, dz0 = _scan(sums, dzT, a, a_val, layout, H, V, reverse=True, scale=True, exclusive=True)
     dc0 = _dc0(dden_sum, a, a_val, layout, H) if c0 is not None else None
     da = da_part.sum(0) if need_da else None
-    return inv_d, dden, carry_b, da, dz0, dc0
+    weights = None if q_norm is None else (qw[1], qw[2], qw[3] if qr == 2 else None)
+    return inv_d, dden, carry_b, da, dz0, dc0, weights
 
 
 def epilogue_backward(dout, dzT, o, den, v, a, c0, carry_f, layout, a_val, eps, has_a, has_z0):
@@ -339,8 +359,9 @@ def epilogue_backward(dout, dzT, o, den, v, a, c0, carry_f, layout, a_val, eps, 
     da_part = alloc((B * n, H), v.device) if has_a else None
     launch(_backward_kernel, (n, H, B), o, den, v, dout, carry_f if has_a else den,
            carry_b if has_a else den, c0_t, a_t, do, dden, dv if has_a else den, dden_sum,
-           da_part if has_a else den, den, *lay, T, H, V, n, float(a_val), float(eps), *o.stride(), *den.stride(),
-           *v.stride(), BR=BR, BV=BV, HAS_A=has_a, HAS_DV=has_a, OUT_GIVEN=False, SUMS=False, INV_D=False,
+           da_part if has_a else den, den, den, den, den, den, *lay, T, H, V, n, float(a_val), 1.0, float(eps),
+           *o.stride(), *den.stride(), *v.stride(), BR=BR, BV=BV, HAS_A=has_a, HAS_DV=has_a, OUT_GIVEN=False,
+           SUMS=False, INV_D=False, QR=0,
            num_warps=_BWD[1],
            **common)
     da = da_part.sum(0) if a is not None and has_a else None

@@ -12,10 +12,11 @@ dnum tensor written and read back), the dV pass carrying the a part as a rank-on
 chunks' a Σ dnum as its state.
 
 A float b is the core's scale (a enters as a / b). With it the L2 norm of q and k (Eq. 22) runs inside too: its
-forward writes the normalized rows and 1 / |x| (._l2norm.unit_pair, one launch for q and k), and the
-dQ and dK passes return the gradients of the rows before the norm, (g - x (x·g)) / |x|, from the whole row they hold
-in one tile (the backward's two L2 kernels, 0.135 ms, gone for +0.059 ms in those passes at B2 T8192 H16 K=V=128 on
-an H100).
+forward normalizes k in a pass before (._l2norm.unit_one, writing the rows and 1 / |k|) and q in the output kernel
+as it reads it (chunk_output's qnorm: q's rows are not written; the kernel returns 1 / |q|); the backward reads q as
+given, its rows weighted by |1 / |q|| where q serves as keys or values, and the dQ and dK passes return the gradients
+of the rows before the norm, (g - x (x·g)) / |x|, from the whole row they hold in one tile (the backward's two L2
+kernels, 0.135 ms, gone for +0.059 ms in those passes at B2 T8192 H16 K=V=128 on an H100).
 
 As an epilogue after the core (session 16, two Functions) this cost a forward kernel (0.080 ms at B2 T8192 H16
 K=V=128 on an H100), the backward's dv of the a part and its add to the core's dv (0.062 ms) and two chunk-sum
@@ -26,7 +27,10 @@ from ..core import precision
 from ..core.ones import _ones_backward, _ones_forward
 from ..core.triton.chunk import make_layout
 from . import _normalized_epilogue as epi
-from ._l2norm import unit_pair
+from ._l2norm import unit_one
+
+
+_L2_EPS = 1e-12  # F.normalize's
 
 
 def _a_per_step(a, a_val, scale, shape, device):
@@ -57,36 +61,40 @@ class _NormalizedFn(torch.autograd.Function):
 
 
 def _forward(q, k, v, a, S0, n0, z0, c0, a_val, scale, l2, eps, cu_seqlens, C, prec, has_a):
-    """(out, S, n, Z_T, what the backward reads: (q, k as the core took them, the norms' r or None, out, den,
-    carry)). The core's scale is b, so a enters as a / b."""
+    """(out, S, n, Z_T, what the backward reads: (q, k as the core took them (with l2 k normalized, q not), the
+    norms' r or None, out, den, carry)). The core's scale is b, so a enters as a / b."""
     B, T, H = v.shape[:3]
-    rq = rk = None
+    rk = None
     extra = dict(divide=eps)
-    if l2:
-        q, k, rq, rk = unit_pair(q, k)
-    if not has_a:
-        out, den, S, n = _ones_forward(q, k, v, None, None, S0, n0, scale, cu_seqlens, C, prec, **extra)
-        return out, S, n, None, (q, k, rq, rk, out, den, None)
-    e = _a_per_step(a, a_val, scale, (B, T, H), v.device)
-    out, den, S, n, carry, zT = _ones_forward(q, k, v, None, None, S0, n0, scale, cu_seqlens, C, prec, count0=c0,
-                                              a_part=(e, z0), **extra)  # carry: z0 + Σ v before each chunk
+    if l2:  # k normalized by a pass before, q by the output kernel as it reads it (r returned)
+        k, rk = unit_one(k, _L2_EPS)
+        extra["qnorm"] = _L2_EPS
+    if has_a:
+        e = _a_per_step(a, a_val, scale, (B, T, H), v.device)
+        extra.update(count0=c0, a_part=(e, z0))  # the carry: z0 + Σ v before each chunk
+    res = _ones_forward(q, k, v, None, None, S0, n0, scale, cu_seqlens, C, prec, **extra)
+    out, den, S, n = res[:4]
+    carry, zT, rq = res[4:] if len(res) > 4 else (None, None, None)
     return out, S, n, zT, (q, k, rq, rk, out, den, carry)
 
 
 def _backward(v, a, S0, n0, c0, q, k, rq, rk, out, den, carry, dout, dS, dn, dzT, a_val, scale, eps, cu_seqlens, C,
               prec, has_a, has_z0, need_da=True):
-    """(dq, dk, dv, da, dS0, dn0, dz0, dc0): the division's backward (1 / d, dden, da, dc0) with the a part's dv
-    borders per chunk, then the core's backward with dv's rank-one term."""
+    """(dq, dk, dv, da, dS0, dn0, dz0, dc0): the division's backward (1 / d, dden, da, dc0, and with the L2 norm q's
+    weights) with the a part's dv borders per chunk, then the core's backward with dv's rank-one term."""
     B, T, H = v.shape[:3]
     layout = make_layout(B, T, C, cu_seqlens, v.device)
     dout = torch.zeros_like(v) if dout is None else dout.contiguous()
     need_da = need_da and a is not None and has_a
-    inv_d, dden, borders, da, dz0, dc0 = epi.backward_from_output(dout, dzT, out, den, v, a, c0, carry, layout,
-                                                                  a_val, eps, need_da)
-    r1 = (_a_per_step(a, a_val, scale, (B, T, H), v.device), borders) if has_a else None
+    q_norm = None if rk is None else (rq, scale, has_a)  # q entered before its norm (with l2)
+    inv_d, dden, borders, da, dz0, dc0, qw = epi.backward_from_output(dout, dzT, out, den, v, a, c0, carry, layout,
+                                                                      a_val, eps, need_da, q_norm)
+    r1 = None
+    if has_a:  # with q's weights their third is dv's rank-one e per step
+        r1 = (_a_per_step(a, a_val, scale, (B, T, H), v.device) if qw is None else None, borders)
     dq, dk, dv, _, dS0, _, dn0 = _ones_backward(q, k, v, None, None, S0, n0, dout, dden, dS, dn, scale, cu_seqlens,
                                                C, False, prec, dv_rank_one=r1,
-                                               project=None if rq is None else (rq, rk), do_weight=inv_d)
+                                               project=None if rk is None else (rq, rk), do_weight=inv_d, q_raw=qw)
     return dq, dk, dv, da, dS0, (None if dn0 is None else dn0.to(n0.dtype)), (dz0 if has_z0 else None), dc0
 
 

@@ -76,7 +76,7 @@ def _through_first_step(x, decay, right, rev, cu_seqlens):
 
 
 def fused_backward(q, k, v, ld, h0, do, dS, scale, cu_seqlens, rev, C, need_ld, key_gate=None, ones=None,
-                   dv_rank_one=None, project=None, do_weight=None):
+                   dv_rank_one=None, project=None, do_weight=None, q_raw=None):
     """(dq, dk, dv, dld, dh0, d key_gate) of o = F(q, k, v, ld, None, rev) for the gradient do of o and dS of
     the final state (None: zero); ld as the caller gave it ([H], [B, T, H], [B, T, H, K] or None), not floored.
     ones = (dden, n0, dn): v has one more column of ones, held apart (ula/core/ones.py): dden [B, T, H] the
@@ -86,8 +86,13 @@ def fused_backward(q, k, v, ld, h0, do, dS, scale, cu_seqlens, rev, C, need_ld, 
     dv_rank_one = (e [B, T, H], n_border [B * chunks, H, V]) float32: q has one more feature, e, against a constant
     1 in k (normalized attention's a part): dv gets Σ_{i>=j in the chunk} e_i do_i (times scale) plus n_border, the
     rest of that sum from the later chunks (and the final state's gradient), which the caller forms (no decay).
-    project = (rq, rk) [B, T, H] float32: q and k are L2-normalized inputs (ula/ops/_normalized_prepare.prepare); dq
-    and dk are returned as the gradients of the inputs before the norm (the dQ and dK passes form them, K in one tile).
+    project = (rq, rk) [B, T, H] float32: q and k are L2-normalized inputs, r = ±1 / |x| per row as
+    ula/ops/_l2norm.unit_pair gives them; dq and dk are returned as the gradients of the inputs before the norm (the dQ
+    and dK passes form them, K in one tile).
+    q_raw = (wq, eq, edv or None) [B, T, H] float32 (with project, do_weight and ones): q is given before its norm
+    (the forward's output kernel normalized it, chunk_output's qnorm), so where its rows serve as keys or values (the
+    state call, the dK and dV passes) they take weights with |rq| in them: wq = do_weight |rq| for do_weight, eq =
+    dden |rq| for ones' column, edv = dv_rank_one's e / |rq| (ula/ops/_normalized_epilogue.backward_from_output).
     do_weight [B, T, H] float32: the gradient of o is do_t times do_weight_t, formed where the kernels read do (the
     backward of normalized attention's division, 1 / d: no [B, T, H, V] dnum = dout / d written and read back);
     ones' dden is not weighted."""
@@ -119,8 +124,14 @@ def fused_backward(q, k, v, ld, h0, do, dS, scale, cu_seqlens, rev, C, need_ld, 
     # precision part states_backward: both state kernels' matmuls in tf32, border states still in their dtypes
     sdot_t = sdot if wide else part_dot("states_backward", dot, sdot)
     wd = None if do_weight is None else do_weight.contiguous()
+    # q given before its norm: as keys (state call, dK pass) and values (dV pass) its rows times |rq|, the
+    # normalized rows; the dQ pass's terms do not hold q
+    wq, eq = wd, e
+    if q_raw is not None:
+        assert wd is not None and on and project is not None
+        wq, eq = q_raw[0], q_raw[1]
     g = chunk_states(q, do, b_bwd, None, dSf, layout, not rev, sdot_t, f32 if need_ld else half, scale=scale,
-                     ones=on, n0=dnf, e=e, w=wd)
+                     ones=on, n0=dnf, e=eq, w=wq)
     g_border, dh0 = g[0], g[1]
     g_n, dn0 = g[3] if on else (None, None)
     del g  # the tuple would keep g_border alive past its `del` below (one border-sized buffer at the peak)
@@ -138,7 +149,7 @@ def fused_backward(q, k, v, ld, h0, do, dS, scale, cu_seqlens, rev, C, need_ld, 
     dq_out = chunk_output(do, v, k, left_q, right_q, f_border, h0f if not rev else None, scale, layout, rev, dot_w,
                           q.dtype, state_transposed=True, gate=u, dg=(q, None, 1.0, vec) if need_ld else None,
                           rank_one=(1, e, f_n, n0f) if on else None, state_dot=sdot,
-                          project=None if project is None else (q, project[0]),
+                          project=None if project is None else (q, project[0], q_raw is not None),
                           weight=None if wd is None else (1, wd))
     dq, db = (dq_out[0], dq_out[1]) if need_ld else (dq_out, None)
     del f_border
@@ -146,17 +157,18 @@ def fused_backward(q, k, v, ld, h0, do, dS, scale, cu_seqlens, rev, C, need_ld, 
     dk_out = chunk_output(v, do, q, left_k, right_k, g_border, dSf if rev else None, 1.0, layout, not rev, dot_w,
                           k.dtype, scale_intra=scale, state_transposed=True, gate=u, gate_rows=True,
                           dg=(k, db, -1.0, vec) if need_ld else None, du_of=k if u is not None else None,
-                          rank_one=(2, e, g_n, None) if on else None, state_dot=sdot,
+                          rank_one=(2, eq, g_n, None) if on else None, state_dot=sdot,
                           project=None if project is None else (k, project[1]),
-                          weight=None if wd is None else (2, wd))
+                          weight=None if wd is None else (2, wq))
     dk, du = (dk_out[0], dk_out[2]) if extras else (dk_out, None)
     r1v = None
     if dv_rank_one is not None:
         assert gl is None and not rev
-        r1v = (2, dv_rank_one[0], dv_rank_one[1], None, True)
+        # with q_raw the weight |rq| / d covers the rank-one term too: its e per step divided by |rq|
+        r1v = (2, dv_rank_one[0] if q_raw is None else q_raw[2], dv_rank_one[1], None, True)
     dv = chunk_output(k, q, do, b_bwd, None, g_border, dSf if rev else None, 1.0, layout, not rev, dot, v.dtype,
                       scale_intra=scale, gate=u, gate_rows=True, state_dot=state_dot(dot), rank_one=r1v,
-                      weight=None if wd is None else (3, wd))
+                      weight=None if wd is None else (3, wq))
     del g_border
     if h0 is not None:
         dh0 = _through_first_step(dh0, gl, False, rev, cu_seqlens).to(h0.dtype)

@@ -58,9 +58,12 @@ def _rank_one(A, e_base, ri, mi, rj, mj, R1: tl.constexpr):
 
 
 @triton.jit
-def _scores(A, e_base, w_base, ri, mi, rj, mj, R1: tl.constexpr, W: tl.constexpr):
+def _scores(A, e_base, w_base, ri, mi, rj, mj, R1: tl.constexpr, W: tl.constexpr, rq, QNORM: tl.constexpr):
     """The scores q·k of a block with their rank-one feature (_rank_one) and a weight per step (W = 1: the rows',
-    2: the keys' before the rank-one term, 3: the keys' after it)."""
+    2: the keys' before the rank-one term, 3: the keys' after it); QNORM: the rows times rq [BT] before it (q's rows
+    L2-normalized here)."""
+    if QNORM:
+        A = A * rq[:, None]
     if W == 1:
         A = A * tl.load(w_base + ri, mask=mi, other=0.0)[:, None]
     elif W == 2:
@@ -74,7 +77,7 @@ def _scores(A, e_base, w_base, ri, mi, rj, mj, R1: tl.constexpr, W: tl.constexpr
 @triton.jit
 def _offdiag(q_base, k_base, v_base, b_base, u_base, rows, mi, js, ce, vc, mv, K, V, H, DB: tl.constexpr, BT: tl.constexpr,
              BK: tl.constexpr, HAS_B: tl.constexpr, GATE: tl.constexpr, DOT: tl.constexpr, ONES: tl.constexpr, e_base,
-             R1: tl.constexpr, w_base, W: tl.constexpr):
+             R1: tl.constexpr, w_base, W: tl.constexpr, rq, QNORM: tl.constexpr):
     """Contribution of the key block starting at js (entirely before the rows, after them in reverse), for
     decays with one value per step: the block's decays are one [BT, BT] factor after the matmul. Returns it and
     (with ONES) the block's share of the normalizer."""
@@ -89,7 +92,7 @@ def _offdiag(q_base, k_base, v_base, b_base, u_base, rows, mi, js, ce, vc, mv, K
         qt = operand(tl.load(q_base + ri[:, None] * K + kc[None, :], mask=mi[:, None] & mk[None, :], other=0.0), DOT)
         kt = operand(tl.load(k_base + rj[:, None] * K + kc[None, :], mask=mj[:, None] & mk[None, :], other=0.0), DOT)
         A += mm(qt, tl.trans(kt), DOT)
-    A = _scores(A, e_base, w_base, ri, mi, rj, mj, R1, W)
+    A = _scores(A, e_base, w_base, ri, mi, rj, mj, R1, W, rq, QNORM)
     if HAS_B:
         bi = tl.load(b_base + ri * DB, mask=mi, other=0.0)
         bj = tl.load(b_base + rj * DB, mask=mj, other=0.0)
@@ -214,7 +217,7 @@ def _diag_vec(q_base, k_base, v_base, b_base, c_base, u_base, rows, mi, ce, vc, 
 @triton.jit
 def _diag(q_base, k_base, v_base, b_base, u_base, rows, mi, vc, mv, K, V, H, DB: tl.constexpr, BT: tl.constexpr,
           BK: tl.constexpr, HAS_B: tl.constexpr, REVERSE: tl.constexpr, GATE: tl.constexpr, DOT: tl.constexpr,
-          ONES: tl.constexpr, e_base, R1: tl.constexpr, w_base, W: tl.constexpr):
+          ONES: tl.constexpr, e_base, R1: tl.constexpr, w_base, W: tl.constexpr, rq, QNORM: tl.constexpr):
     """Contribution of the rows' own block (keys = the same steps), causal in the direction of the pass,
     for decays without a per-feature part (one value per step); with ONES also its share of the normalizer."""
     ri = rows.to(tl.int64) * H
@@ -229,7 +232,7 @@ def _diag(q_base, k_base, v_base, b_base, u_base, rows, mi, vc, mv, K, V, H, DB:
         qt = operand(tl.load(q_base + ri[:, None] * K + kc[None, :], mask=mik, other=0.0), DOT)
         kt = operand(tl.load(k_base + ri[:, None] * K + kc[None, :], mask=mik, other=0.0), DOT)
         A += mm(qt, tl.trans(kt), DOT)
-    A = _scores(A, e_base, w_base, ri, mi, ri, mi, R1, W)
+    A = _scores(A, e_base, w_base, ri, mi, ri, mi, R1, W, rq, QNORM)
     if HAS_B:
         bi = tl.load(b_base + ri * DB, mask=mi, other=0.0)
         A = A * tl.exp(tl.where(m, bi[:, None] - bi[None, :], float("-inf")))
@@ -280,7 +283,7 @@ def _output_kernel(q, k, v, b, c, u, border, h0, o, dg_a, dg_out, du_out, n_bord
                    GATE: tl.constexpr, HAS_DU: tl.constexpr, ONES: tl.constexpr, R1: tl.constexpr, OWN: tl.constexpr,
                    OWN_MAX: tl.constexpr, SDOT: tl.constexpr, ODOT: tl.constexpr,
                    SPLIT_KEYS: tl.constexpr, HAS_C0: tl.constexpr, DIVIDE: tl.constexpr, PROJECT: tl.constexpr,
-                   R1_ENTERING: tl.constexpr, W: tl.constexpr):
+                   R1_ENTERING: tl.constexpr, W: tl.constexpr, QNORM: tl.constexpr, L2_EPS: tl.constexpr):
     i_r, i_v, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)  # row blocks on axis 0 (up to 2^31)
     i_b, i_h = i_bh // H, i_bh % H
     i_c = i_r // NRB
@@ -325,6 +328,7 @@ def _output_kernel(q, k, v, b, c, u, border, h0, o, dg_a, dg_out, du_out, n_bord
         # the state's extra vector n (inter) and the row sums of the scores (intra), no V + 1 column
         den_inter = tl.zeros([BT], dtype=tl.float32)
         den_intra = tl.zeros([BT], dtype=tl.float32)
+        sq = tl.zeros([BT], dtype=tl.float32)  # QNORM: Σ q² of the rows, from the normalizer's second read of q
         nb_ptr = n_border + ((i_b.to(tl.int64) * H + i_h) * NC + tl.maximum(i_c - 1, 0)) * K
         n0_ptr = n0 + (seq.to(tl.int64) * H + i_h) * K
         for kk in range(0, K, BK):
@@ -353,7 +357,18 @@ def _output_kernel(q, k, v, b, c, u, border, h0, o, dg_a, dg_out, du_out, n_bord
                 # software pipelining gave o that differs from call to call (chunk_output); a volatile load is
                 # its own (not merged with the matmul's)
                 qf = tl.load(q_base + ri[:, None] * K + kc[None, :], mask=mik, other=0.0, volatile=True)
-                den_inter += tl.sum(qf.to(tl.float32) * nt[None, :], 1)
+                qf = qf.to(tl.float32)
+                den_inter += tl.sum(qf * nt[None, :], 1)
+                if QNORM:
+                    sq += tl.sum(qf * qf, 1)
+        rq = 0.0
+        if QNORM:  # q's rows L2-normalized here: every part through q times 1 / max(|q_i|, eps), not the rank-one
+            # term (paper 001, Eq. 22); r stored with the clamp's sign (the backward's projection drops a term there)
+            nq = tl.sqrt(sq)
+            rq = 1.0 / tl.maximum(nq, L2_EPS)
+            acc = acc * rq[:, None]
+            den_inter = den_inter * rq
+            tl.store(pr + row0 + ri, tl.where(nq >= L2_EPS, rq, -rq), mask=mi & (i_v == 0))
         if W == 1:  # the rows' weights, on their part through the state (the rank-one part below is not weighted)
             acc = acc * tl.load(w_base + ri, mask=mi, other=0.0)[:, None]
         if R1 > 0:  # the extra feature's share through the state: e_i (rows) or 1 times the state's extra vector
@@ -388,7 +403,7 @@ def _output_kernel(q, k, v, b, c, u, border, h0, o, dg_a, dg_out, du_out, n_bord
         # intra-chunk part: the rows' own block, then the key blocks before them (after them in reverse)
         if not VEC:
             part, ones = _diag(q_base, k_base, v_base, b_base, u_base, rows, mi, vc, mv, K, V, H, DB, BT, BK, HAS_B,
-                               REVERSE, GATE, DOT, ONES, e_base, R1, w_base, W)
+                               REVERSE, GATE, DOT, ONES, e_base, R1, w_base, W, rq, QNORM)
             acc += part * scale_intra
             den_intra += ones
         if REVERSE:
@@ -436,7 +451,7 @@ def _output_kernel(q, k, v, b, c, u, border, h0, o, dg_a, dg_out, du_out, n_bord
         else:
             for js in range(lo, hi, BT):
                 part, ones = _offdiag(q_base, k_base, v_base, b_base, u_base, rows, mi, js, ce, vc, mv, K, V, H, DB,
-                                      BT, BK, HAS_B, GATE, DOT, ONES, e_base, R1, w_base, W)
+                                      BT, BK, HAS_B, GATE, DOT, ONES, e_base, R1, w_base, W, rq, QNORM)
                 acc += part * scale_intra
                 den_intra += ones
         if GATE == 2:  # a key gate in the passes whose rows are key steps: the gradient of k e^u is e^u times
@@ -453,6 +468,8 @@ def _output_kernel(q, k, v, b, c, u, border, h0, o, dg_a, dg_out, du_out, n_bord
         if PROJECT:  # the gradient through x = y / |y| (one V tile holds the whole row): (g - x (x·g)) |r|,
             # the second term where r > 0 (|y| above the norm's eps)
             xt = x_pr.to(tl.float32)
+            if PROJECT == 2:  # x as given, not normalized: the normalized row is x |r|
+                xt = xt * tl.abs(r_pr)[:, None]
             acc = (acc - xt * tl.where(r_pr > 0, tl.sum(xt * acc, 1), 0.0)[:, None]) * tl.abs(r_pr)[:, None]
         tl.store(o + o_off, acc, mask=mo)
         if HAS_DU:  # the key gate's gradient: sum over features of k ⊙ dk, per V tile
@@ -484,7 +501,7 @@ def project_fits(V):
 
 def chunk_output(q, k, v, b, c, border, h0, scale, layout, reverse, dot, out_dtype=torch.float32, *,
                  scale_intra=None, state_transposed=False, gate=None, gate_rows=False, dg=None, du_of=None, ones=None,
-                 rank_one=None, state_dot=None, count0=None, divide=None, project=None, weight=None):
+                 rank_one=None, state_dot=None, count0=None, divide=None, project=None, weight=None, qnorm=None):
     """o [B, T, H, V] in out_dtype from q, k [B, T, H, K], v [B, T, H, V] (contiguous), the chunk-local cumulative
     log decays b [Bg, T, H, K|1], c [Bg, T, H, V] (or None) and the border states of kernel 2.
 
@@ -501,9 +518,11 @@ def chunk_output(q, k, v, b, c, border, h0, scale, layout, reverse, dot, out_dty
     step, forward); returned as (o, den). With a rank-one term of mode 1 (no decay) the normalizer counts it too:
     e_i times the steps before i plus count0 ([N, H] float32 or None, an initial state's count); divide=eps returns
     o / den instead of o (den's magnitude clamped to at least eps, its sign kept): normalized attention;
-    project = (x [B, T, H, V], r [B, T, H] float32): o is the gradient of x = y / |y| (the L2-normalized input of this
-    pass's output rows, r = ±1 / |y| from ula/ops/_normalized_prepare.prepare); returns the gradient of y instead (V in
-    one tile: project_fits);
+    project = (x [B, T, H, V], r [B, T, H] float32[, raw]): o is the gradient of x = y / |y| (the L2-normalized input of
+    this pass's output rows, r = ±1 / |y| as ula/ops/_l2norm.unit_pair gives it; with raw true x is y itself); returns
+    the gradient of y instead (V in one tile: project_fits);
+    qnorm = eps (with ones): q's rows enter L2-normalized, y / max(|y|, eps), the norm taken here from the q it reads
+    (not on the rank-one term); returns (o, den, r) with r = ±1 / max(|y|, eps) [B, T, H] float32 as unit_pair's;
     rank_one = (mode, e [B, T, H] float32, n_border [B, H, n, V], n0 [N, H, V] or None[, entering]): one more feature
     in the scores, e of the rows (mode 1) or of the keys (mode 2) against 1 on the other side, whose state part is
     n_border (and n0 for the first chunk going forward): the backward's dQ and dK passes of a column of ones in v
@@ -555,6 +574,10 @@ def chunk_output(q, k, v, b, c, border, h0, scale, layout, reverse, dot, out_dty
         assert not vec and not reverse and dg is None and du_of is None and not state_transposed
         n_border, n0 = ones
         den = alloc((B, T, H), q.device)
+    r_out = None
+    if qnorm is not None:
+        assert ones is not None and project is None and not vec
+        r_out = alloc((B, T, H), q.device)
     # A column of ones (forward) or a rank-one term (dQ, dK) keeps the scores live: at 4 warps 64-row tiles spill
     # ~460 / ~200 B per thread on sm_90 (tests/offline_compile.py), none at 8, yet 4 warps are faster: H100 B2 T8192
     # H16 K=V=128 chunk 128, forward / dQ / dK 0.306 / 0.317 / 0.358 ms at 8 warps, 0.201 / 0.264 / 0.302 at 4
@@ -585,7 +608,8 @@ def chunk_output(q, k, v, b, c, border, h0, scale, layout, reverse, dot, out_dty
             n0 if n0 is not None else dummy, den if den is not None else dummy, e if e is not None else dummy,
             r1_border if r1_border is not None else dummy, r1_n0 if r1_n0 is not None else dummy,
             count0 if count0 is not None else dummy, project[0] if project is not None else dummy,
-            project[1] if project is not None else dummy, weight[1] if weight is not None else dummy, flags,
+            project[1] if project is not None else (r_out if r_out is not None else dummy),
+            weight[1] if weight is not None else dummy, flags,
             layout.cu, layout.chunk_seq, layout.chunk_start, T, H, K, V, layout.n, r1_sh, r1_sc,
             (b.stride(0) if b is not None and b.shape[0] > 1 else 0),
             (c.stride(0) if c is not None and c.shape[0] > 1 else 0), s_sk, s_sv, float(scale),
@@ -598,7 +622,9 @@ def chunk_output(q, k, v, b, c, border, h0, scale, layout, reverse, dot, out_dty
               GATE=0 if gate is None else (2 if gate_rows else 1), HAS_DU=du_out is not None, ONES=den is not None,
               R1=r1, OWN_MAX=OWN_RANGE if dot != DOT_F16 else -1.0, SDOT=dot if state_dot is None else state_dot,
               ODOT=own_dot(dot), SPLIT_KEYS=False, HAS_C0=count0 is not None, DIVIDE=divide is not None,
-              PROJECT=project is not None, R1_ENTERING=entering and not reverse,
+              PROJECT=0 if project is None else (2 if len(project) > 2 and project[2] else 1),
+              R1_ENTERING=entering and not reverse, QNORM=qnorm is not None,
+              L2_EPS=float(qnorm) if qnorm is not None else 0.0,
               W=weight[0] if weight is not None else 0)
     # precision parts (ula/core/precision.py) of the core call running now; the dK and dV passes are the calls
     # with gate_rows (their border states are float32 where dg needs them)
@@ -609,6 +635,8 @@ def chunk_output(q, k, v, b, c, border, h0, scale, layout, reverse, dot, out_dty
         # the levels' launch (the rare path) at 8 warps: at 4, 32-row blocks spill up to 1 KB per thread on sm_90
         launch(_output_kernel, grid, *args, num_warps=max(W, 8) if own == 2 and not is_tuned(name) else W, **cx,
                OWN=own, num_stages=stages)
+    if r_out is not None:
+        return o, den, r_out
     if den is not None:
         return o, den
     if dg is None and du_of is None:
