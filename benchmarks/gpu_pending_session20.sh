@@ -27,6 +27,10 @@
 #                                                  # .prev (commit da7f4ac)
 #     bash benchmarks/gpu_pending_session20.sh 7   # the same after q's weights moved into the division's backward
 #                                                  # kernel (|r| / d, |r| dden, a / (b |r|): no PyTorch ops between)
+#     bash benchmarks/gpu_pending_session20.sh 8   # gpu_smoke.py's families with normalized attention's fused path
+#                                                  # under varlen, an initial state, a learnable a and zero rows; the
+#                                                  # state kernel with whole K rows (ULA_TUNE_STATE=128,128,BV,8), for
+#                                                  # k's norm inside it: ordered profiles
 # Writes $OUT/pending20.log (every command's output under a header, the device line, the measured files' checksums).
 NAME=pending20
 source "$(dirname "$0")/gpu_pending_common.sh"
@@ -52,6 +56,9 @@ case "$PART" in
    done ;;
 6|7) run python3 $PROF normalized,normalized_nol2,linear
    normalized_checks ;;
+8) run python3 benchmarks/gpu_smoke.py --parts families,repeat
+   for P in 128,128,32,8 128,128,64,8; do PRE=(ULA_TUNE_STATE=$P); run "${PRE[@]}" python3 $PROF normalized,linear; done
+   PRE=() ;;
 3) run python3 benchmarks/gpu_rowpass_bandwidth.py
    run python3 $PROF normalized,normalized_nol2,linear
    normalized_checks ;;

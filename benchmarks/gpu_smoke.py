@@ -38,11 +38,11 @@ if set(want) - set(PARTS):
 bad = 0
 
 
-def report(label, got, ref, extra_ok=True):
-    """Relative errors of got against ref (pairwise), printed with label; counts a case over 2e-2 as bad."""
+def report(label, got, ref, extra_ok=True, tol=2e-2):
+    """Relative errors of got against ref (pairwise), printed with label; counts a case over tol as bad."""
     global bad
     errs = [((a.double() - b).norm() / b.norm()).item() for a, b in zip(got, ref)]
-    ok = all(e < 2e-2 for e in errs) and extra_ok
+    ok = all(e < tol for e in errs) and extra_ok
     bad += not ok
     print(label, "ok" if ok else "BAD", " ".join(f"{e:.1e}" for e in errs), flush=True)
 
@@ -112,6 +112,37 @@ for fam in ("mlstm_exp", "normalized") if "families" in want else ():
         (h.double() * w).sum().backward()
         outs.append([h] + [x.grad for x in xs + gs])
     report(fam, outs[1], outs[0])
+# normalized attention's fused path with everything it takes: varlen, an initial state, a learnable a per head with a
+# float b (the L2 norm of q inside the output kernel, the a part summed by the state call), zero rows in q and k,
+# the final state; bf16 Triton against float64
+if "families" in want:
+    torch.manual_seed(0)
+    H, K, V = 3, 64, 48
+    cu = torch.tensor([0, 100, 101, 357, 600], device="cuda")
+    N, T = cu.numel() - 1, 600
+    base = [torch.randn(1, T, H, D, device="cuda").bfloat16().float() for D in (K, K, V)]
+    base[0][0, 7] = 0.0
+    base[1][0, 200, 1] = 0.0
+    a0 = torch.rand(H, device="cuda") + 1.2
+    kn = torch.nn.functional.normalize(torch.randn(N, 6, H, K, device="cuda"), dim=-1)
+    vn = torch.randn(N, 6, H, V, device="cuda")
+    one = lambda x: torch.cat([x, torch.ones_like(x[..., :1])], -1)  # noqa: E731
+    S0 = torch.einsum("nthk,nthv->nhkv", one(kn), one(vn))
+    w = torch.randn(1, T, H, V, device="cuda")
+    ws = torch.randn(N, H, K + 1, V + 1, device="cuda")
+    outs = []
+    for backend, dt in (("torch", torch.float64), ("triton", torch.bfloat16)):
+        xs = [x.to(dt).requires_grad_() for x in base]
+        a = a0.to(torch.float64 if dt == torch.float64 else torch.float32).requires_grad_()
+        S = S0.to(a.dtype).requires_grad_()
+        h, Sf = ula.normalized_linear_attention(*xs, a, 0.8, initial_state=S, output_final_state=True,
+                                                cu_seqlens=cu, backend=backend)
+        ((h.double() * w).sum() + (Sf.double() * ws).sum()).backward()
+        outs.append([h, Sf, S.grad] + [x.grad for x in xs] + [a.grad])
+    report("normalized varlen h0", outs[1][:-1], outs[0][:-1])
+    # da = Σ dout·(Z − o C) / d over all steps: with a > |b| the output is near Z / C, so the bf16 rounding of o
+    # (2^-9) is amplified there (2.8e-2 before session 20's change, 2.0e-2 after it, H100; float32 on the CPU 3e-6)
+    report("normalized varlen h0: da", outs[1][-1:], outs[0][-1:], tol=5e-2)
 # the fused decoding step (ula.ops._common._step on CUDA without gradients) against its PyTorch form in float64
 from ula.ops._common import _step  # noqa: E402
 for ld_shape in (None, (3,), (2, 3), (2, 3, 64)) if "step" in want else ():
