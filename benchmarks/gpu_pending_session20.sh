@@ -31,6 +31,11 @@
 #                                                  # under varlen, an initial state, a learnable a and zero rows; the
 #                                                  # state kernel with whole K rows (ULA_TUNE_STATE=128,128,BV,8), for
 #                                                  # k's norm inside it: ordered profiles
+#     bash benchmarks/gpu_pending_session20.sh 9   # (a trial, reverted: k's L2 norm inside the forward's state
+#                                                  # call, which writes the normalized rows for the later passes; no
+#                                                  # pass before) ordered
+#                                                  # profiles, the state tiles, smoke, repeated calls at four shapes,
+#                                                  # bf16 error, graph replays of this tree and .prev (commit e95e0b3)
 # Writes $OUT/pending20.log (every command's output under a header, the device line, the measured files' checksums).
 NAME=pending20
 source "$(dirname "$0")/gpu_pending_common.sh"
@@ -59,6 +64,10 @@ case "$PART" in
 8) run python3 benchmarks/gpu_smoke.py --parts families,repeat
    for P in 128,128,32,8 128,128,64,8; do PRE=(ULA_TUNE_STATE=$P); run "${PRE[@]}" python3 $PROF normalized,linear; done
    PRE=() ;;
+9) run python3 $PROF normalized,normalized_nol2,linear
+   PRE=(ULA_TUNE_STATE=128,128,64,8); run "${PRE[@]}" python3 $PROF normalized
+   PRE=()
+   normalized_checks ;;
 3) run python3 benchmarks/gpu_rowpass_bandwidth.py
    run python3 $PROF normalized,normalized_nol2,linear
    normalized_checks ;;
