@@ -66,11 +66,12 @@ def linear_attention_with_ones(q, k, v, ld=None, *, scale=None, initial_state=No
 
 
 def _ones_forward(q, k, v, ld, u, S0, n0, scale, cu_seqlens, C, prec, **extra):
-    """(o, den, S, n) on the Triton kernels; q, k, v contiguous. extra: chunk_output's count0, divide and qnorm,
-    and a_part=(e, z0) (normalized attention's a part, division and L2 norm of q, ula/ops/_normalized_fused.py): a
-    rank-one feature e [B, T, H] float32 of q against a constant key 1, whose state z0 [N, H, V] float32 or None + Σ v
-    the state call sums (chunk_output's rank_one mode 1). With a_part or qnorm: (o, den, S, n, that state entering
-    each chunk [B * chunks, H, V], its final value [N, H, V] (None, None without a_part), q's r from qnorm or None)."""
+    """The forward on the Triton kernels as a dict: o, den, S, n, and carry, zT, rq where asked for (else None);
+    q, k, v contiguous. extra: chunk_output's count0, divide and qnorm (rq: its r of q's rows), and a_part=(e, z0)
+    (normalized attention's a part, division and L2 norm of q, ula/ops/_normalized_fused.py): a rank-one feature e
+    [B, T, H] float32 of q against a constant key 1, whose state z0 [N, H, V] float32 or None + Σ v the state call
+    sums (chunk_output's rank_one mode 1): carry, that state entering each chunk [B * chunks, H, V], and zT, its final
+    value [N, H, V]."""
     with precision.active(prec):
         return _ones_forward_kernels(q, k, v, ld, u, S0, n0, scale, cu_seqlens, C, **extra)
 
@@ -95,14 +96,12 @@ def _ones_forward_kernels(q, k, v, ld, u, S0, n0, scale, cu_seqlens, C, **extra)
     states = chunk_states(k, v, b, None, h0, layout, False, sdot, border_dtype(q, sdot), gate=uc, ones=True, n0=nz,
                           v_sums=a_part is not None, z0=None if a_part is None else a_part[1])
     border, S, _, (nb, n) = states[:4]
+    carry, zT = states[4] if a_part is not None else (None, None)
     if a_part is not None:
-        extra["rank_one"] = (1, a_part[0], states[4][0], None, True)
+        extra["rank_one"] = (1, a_part[0], carry, None, True)
     outs = chunk_output(q, k, v, b, None, border, h0, scale, layout, False, dot, v.dtype, gate=uc,
                         ones=(nb, nz), state_dot=sdot, **extra)
-    o, den = outs[:2]
-    if a_part is None and extra.get("qnorm") is None:
-        return o, den, S, n
-    return o, den, S, n, *(states[4] if a_part is not None else (None, None)), (outs[2] if len(outs) > 2 else None)
+    return dict(o=outs[0], den=outs[1], S=S, n=n, carry=carry, zT=zT, rq=outs[2] if len(outs) > 2 else None)
 
 
 def _ones_backward(q, k, v, ld, u, S0, n0, do, dden, dS, dn, scale, cu_seqlens, C, need_ld, prec, **extra):
@@ -117,9 +116,9 @@ def _ones_backward(q, k, v, ld, u, S0, n0, do, dden, dS, dn, scale, cu_seqlens, 
 def _dry_ones(q, k, v, ld, u, S0, n0, scale, cu_seqlens, C, grad, prec):
     """Forward and (with grad) backward of one call, for precompile.py's dry run."""
     q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
-    o, den, S, n = _ones_forward(q, k, v, ld, u, S0, n0, scale, cu_seqlens, C, prec)
+    f = _ones_forward(q, k, v, ld, u, S0, n0, scale, cu_seqlens, C, prec)
     if grad:
-        _ones_backward(q, k, v, ld, u, S0, n0, torch.empty_like(o), torch.empty_like(den), None, None, scale,
+        _ones_backward(q, k, v, ld, u, S0, n0, torch.empty_like(f["o"]), torch.empty_like(f["den"]), None, None, scale,
                        cu_seqlens, C, ld is not None and ld.requires_grad, prec)
 
 
@@ -127,13 +126,13 @@ class _OnesFn(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, ld, u, S0, n0, scale, cu_seqlens, C, prec):
         q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
-        o, den, S, n = _ones_forward(q, k, v, ld, u, S0, n0, scale, cu_seqlens, C, prec)
+        f = _ones_forward(q, k, v, ld, u, S0, n0, scale, cu_seqlens, C, prec)
         ctx.save_for_backward(q, k, v, ld, u, S0, n0)
         ctx.cfg = (scale, cu_seqlens, C, prec)
         # unused outputs' gradients arrive as None, not zero tensors (an unused final state would enter the
         # backward's state kernel as a zero dS: a fill and an extra load per step)
         ctx.set_materialize_grads(False)
-        return o, den, S, n
+        return f["o"], f["den"], f["S"], f["n"]
 
     @staticmethod
     def backward(ctx, do, dden, dS, dn):

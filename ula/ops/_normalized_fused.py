@@ -72,10 +72,8 @@ def _forward(q, k, v, a, S0, n0, z0, c0, a_val, scale, l2, eps, cu_seqlens, C, p
     if has_a:
         e = _a_per_step(a, a_val, scale, (B, T, H), v.device)
         extra.update(count0=c0, a_part=(e, z0))  # the carry: z0 + Σ v before each chunk
-    res = _ones_forward(q, k, v, None, None, S0, n0, scale, cu_seqlens, C, prec, **extra)
-    out, den, S, n = res[:4]
-    carry, zT, rq = res[4:] if len(res) > 4 else (None, None, None)
-    return out, S, n, zT, (q, k, rq, rk, out, den, carry)
+    f = _ones_forward(q, k, v, None, None, S0, n0, scale, cu_seqlens, C, prec, **extra)
+    return f["o"], f["S"], f["n"], f["zT"], (q, k, f["rq"], rk, f["o"], f["den"], f["carry"])
 
 
 def _backward(v, a, S0, n0, c0, q, k, rq, rk, out, den, carry, dout, dS, dn, dzT, a_val, scale, eps, cu_seqlens, C,
