@@ -290,19 +290,13 @@ def epilogue_forward(o, den, v, a, z0, c0, a_val, eps, layout, has_a):
     return out, carry, zT
 
 
-def v_prefix(sums, z0, layout):
-    """For the core's forward with the a part inside (ula/ops/_normalized_fused.py): from the sums of v over each
-    chunk of `layout` ([B * chunks, H, V] float32, ._normalized_prepare), z0 + Σ v over the sequence's earlier
-    chunks, [B * chunks, H, V] float32, and Z_T [N, H, V]."""
-    return _scan(sums, z0, None, 1.0, layout, sums.shape[1], sums.shape[2], reverse=False, scale=False)
-
-
 def backward_from_output(dout, dzT, out, den, v, a, c0, carry_f, layout, a_val, eps, need_da, q_norm=None):
     """The backward of out = num / clamp_sign(den, eps) where the core divided (den: the whole denominator):
     (1 / d [B, T, H] float32 (dnum = dout / d), dden, borders, da or None, dz0, dc0 or None, q's weights or None) at
     `layout` (the core's chunks), borders
     = a Σ_{t in later chunks} dnum_t + ∂L/∂Z_T per chunk, [B * chunks, H, V] float32 (the dV pass's rank-one
-    state), dz0 its total [N, H, V]. carry_f (v_prefix's) and v are read only for da.
+    state), dz0 its total [N, H, V]. carry_f (z0 + Σ v entering each chunk, from the forward's state call) and v are
+    read only for da.
     q_norm = (rq, scale, has_a): q entered before its L2 norm (rq = ±1 / |q| [B, T, H] float32); q's weights are
     (|rq| / d, |rq| dden, a / (scale |rq|) or None without an a part), [B, T, H] float32 (fused_backward's q_raw)."""
     B, T, H, V = v.shape

@@ -366,7 +366,7 @@ def chunk_states(k, v, b, c, h0, layout, reverse, dot, state_dtype=torch.float32
     v_sums (with ones, going forward, no decay): also the state of a constant key 1 (normalized attention's a part,
     z0 [N, H, V] float32 or zero + Σ v, unscaled), returned last as (the vector entering each chunk [B * chunks, H, V],
     the final one [N, H, V]) float32: the pass over v that summed each chunk before the forward
-    (ula/ops/_normalized_prepare.py, 0.037 ms at B2 T8192 H16 V=128 on an H100) and its scan gone."""
+    (0.037 ms at B2 T8192 H16 V=128 on an H100) and its scan gone."""
     B, T, H, K = k.shape
     V = v.shape[-1]
     N = layout.N
