@@ -181,15 +181,15 @@ def test_fused_l2_norm(one_thread):
     check({n: rel(a, b) for n, a, b in zip(("q", "k", "dq", "dk"), errs["fused"], errs["ref"])}, seed)
 
 
-def test_unit_pair_with_inverse(one_thread):
-    """The fused forward's L2 norm (ula/ops/_l2norm.py unit_pair, q and k in one launch): the normalized rows and
-    r = 1 / max(|x|, eps) against F.normalize in float64, rows not a multiple of the block, D not a power of two,
-    a zero row (r negative there: no projection term in the backward)."""
-    from ula.ops._l2norm import unit_pair
+def test_unit_one_with_inverse(one_thread):
+    """The fused forward's L2 norm of k (ula/ops/_l2norm.py unit_one): the normalized rows and r = 1 / max(|x|, eps)
+    against F.normalize in float64, rows not a multiple of the block, D not a power of two, a zero row (r negative
+    there: no projection term in the backward)."""
+    from ula.ops._l2norm import unit_one
     seed = fresh_seed()
     q, k = torch.randn(2, 37, H, 24), torch.randn(2, 37, H, 24) * 3
     q[0, 3, 1] = 0.0
-    qn, kn, rq, rk = unit_pair(q, k)
+    (qn, rq), (kn, rk) = unit_one(q), unit_one(k)
     errs = {}
     for name, x, y, r in (("q", q, qn, rq), ("k", k, kn, rk)):
         x64 = x.double()

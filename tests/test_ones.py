@@ -107,8 +107,9 @@ def test_ones_bf16_normalizer_sums_stay_float32(state_tiles):
     """bfloat16 matmuls (emulated in the interpreter: ULA_EMULATE_BF16=1 rounds matmul operands to bfloat16) take
     the state's normalizer column (no decay, no gate: normalized attention) as a matmul with its weights split in
     three bfloat16 parts (state.py, SPLIT): its sums, forward (n) and backward (weighted by the gradient of den:
-    dn0), keep float32 accuracy, and so does den (its part through the state, q·n, in float32 products), where one bfloat16 rounding of the weights leaves ~1e-3 (measured with the parts
-    after the first dropped); the outputs carry the bfloat16 error (emulation is on)."""
+    dn0), keep float32 accuracy, and so does den (its part through the state, q·n, in float32 products), where one
+    bfloat16 rounding of the weights leaves ~1e-3 (measured with the parts after the first dropped); the outputs carry
+    the bfloat16 error (emulation is on)."""
     import os
     import subprocess
     import sys

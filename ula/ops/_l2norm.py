@@ -11,29 +11,15 @@ import torch
 import triton
 import triton.language as tl
 
-from ..core.triton.utils import alloc, block, cdiv, launch, tuned
+from ..core.triton.utils import alloc, block, cdiv, launch, signed_inverse, tuned, unit_rows
 
 # (elements of a [rows, D] tile, warps), unless ULA_TUNE_L2NORM="elements,warps"
 _TILE = (16384, 8)
 
 
 @triton.jit
-def unit_rows(xt, eps):
-    """(xt / max(|x|, eps) per row, |x|, max(|x|, eps)) of a float32 [rows, D] tile holding whole rows."""
-    n = tl.sqrt(tl.sum(xt * xt, 1))
-    d = tl.maximum(n, eps)
-    return xt / d[:, None], n, d
-
-
-@triton.jit
-def signed_inverse(n, d, eps):
-    """1 / max(|x|, eps), negative where the clamp acts (there the backward has no projection term)."""
-    return tl.where(n >= eps, 1.0 / d, -1.0 / d)
-
-
-@triton.jit
 def _unit_block(x, y, r, R, D, eps, BR: tl.constexpr, BD: tl.constexpr, INVERSE: tl.constexpr):
-    """y = x / max(|x|, eps) on program 0's block of rows, r = signed_inverse with INVERSE."""
+    """y = x / max(|x|, eps) on program 0's block of rows, r = signed_inverse with INVERSE (unit_one)."""
     rows = tl.program_id(0) * BR + tl.arange(0, BR)
     cols = tl.arange(0, BD)
     mr = rows < R
@@ -73,26 +59,22 @@ def _rows_tile(D):
     return BD, max(1, elements // BD), warps
 
 
-def unit_pair(q, k, eps=1e-12, inverse=True):
-    """(q / max(|q|, eps), k / max(|k|, eps) per row, in their dtype[, r_q, r_k]) for contiguous q and k of one
-    shape [..., D]; r = 1 / max(|x|, eps) [...] float32, negative where the clamp acts (inverse: the fused
-    normalized attention's dQ and dK passes form the norm's backward from it, ula/ops/_normalized_fused.py)."""
+def unit_pair(q, k, eps=1e-12):
+    """(q / max(|q|, eps), k / max(|k|, eps) per row, in their dtypes) for contiguous q and k of one shape [..., D]."""
     assert q.shape == k.shape and q.is_contiguous() and k.is_contiguous()
     D = q.shape[-1]
     R = q.numel() // D
     BD, BR, warps = _rows_tile(D)
     qn, kn = alloc(q.shape, q.device, q.dtype), alloc(k.shape, k.device, k.dtype)
-    rq = rk = qn
-    if inverse:
-        rq, rk = alloc(q.shape[:-1], q.device), alloc(k.shape[:-1], k.device)
-    launch(_l2norm_pair_kernel, (cdiv(R, BR), 2), q, k, qn, kn, rq, rk, R, D, eps, BR=BR, BD=BD, INVERSE=inverse,
+    launch(_l2norm_pair_kernel, (cdiv(R, BR), 2), q, k, qn, kn, qn, kn, R, D, eps, BR=BR, BD=BD, INVERSE=False,
            num_warps=warps)
-    return (qn, kn, rq, rk) if inverse else (qn, kn)
+    return qn, kn
 
 
 def unit_one(x, eps=1e-12):
-    """(x / max(|x|, eps) per row in x's dtype, r = ±1 / max(|x|, eps) float32) for one contiguous tensor, as
-    unit_pair's (normalized attention's k, whose q is normalized inside the forward's output kernel)."""
+    """(x / max(|x|, eps) per row in x's dtype, r = 1 / max(|x|, eps) float32, negative where the clamp acts) for one
+    contiguous tensor: normalized attention's k, whose q is normalized inside the forward's output kernel (the dQ and
+    dK passes form the norm's backward from r, ula/ops/_normalized_fused.py)."""
     D = x.shape[-1]
     R = x.numel() // D
     BD, BR, warps = _rows_tile(D)
@@ -118,7 +100,7 @@ class _L2NormFn(torch.autograd.Function):
         q, k = q.contiguous(), k.contiguous()
         ctx.save_for_backward(q, k)
         ctx.eps = eps
-        return unit_pair(q, k, eps, inverse=False)
+        return unit_pair(q, k, eps)
 
     @staticmethod
     def backward(ctx, dq, dk):

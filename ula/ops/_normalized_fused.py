@@ -5,16 +5,17 @@ core's kernels with the column of ones (ula/core/ones.py).
 
 The constant a is one more feature of q against a constant 1 in k (paper 001's kernel a + b x): a rank-one term of
 the scores (ula/core/triton/output.py, rank_one mode 1), whose state part is z0 + Σ v over the earlier chunks (summed
-by the forward's state call, ula/core/ones.py's a_part) and whose share of the normalizer is a times the count. The output kernel divides before it stores. Backward: dden = -Σ_v dnum out with dnum = dout / d
-(one kernel, ._normalized_epilogue.backward_from_output: it writes dden, 1 / d and the chunk sums of dnum), then the
-core's backward with the column of ones on dout, each row weighted by 1 / d where the kernels read it (do_weight: no
-dnum tensor written and read back), the dV pass carrying the a part as a rank-one term (mode 2) with the later
-chunks' a Σ dnum as its state.
+by the forward's state call, ula/core/ones.py's a_part) and whose share of the normalizer is a times the count. The
+output kernel divides before it stores. Backward: dden = -Σ_v dnum out with dnum = dout / d (one kernel,
+._normalized_epilogue.backward_from_output: it writes dden, 1 / d and the chunk sums of dnum), then the core's
+backward with the column of ones on dout, each row weighted by 1 / d where the kernels read it (do_weight: no dnum
+tensor written and read back), the dV pass carrying the a part as a rank-one term (mode 2) with the later chunks'
+a Σ dnum as its state.
 
 A float b is the core's scale (a enters as a / b). With it the L2 norm of q and k (Eq. 22) runs inside too: its
 forward normalizes k in a pass before (._l2norm.unit_one, writing the rows and 1 / |k|) and q in the output kernel
 as it reads it (chunk_output's qnorm: q's rows are not written; the kernel returns 1 / |q|); the backward reads q as
-given, its rows weighted by |1 / |q|| where q serves as keys or values, and the dQ and dK passes return the gradients
+given, its rows weighted by 1 / |q| where q serves as keys or values, and the dQ and dK passes return the gradients
 of the rows before the norm, (g - x (x·g)) / |x|, from the whole row they hold in one tile (the backward's two L2
 kernels, 0.135 ms, gone for +0.059 ms in those passes at B2 T8192 H16 K=V=128 on an H100).
 

@@ -86,8 +86,8 @@ def fused_backward(q, k, v, ld, h0, do, dS, scale, cu_seqlens, rev, C, need_ld, 
     dv_rank_one = (e [B, T, H], n_border [B * chunks, H, V]) float32: q has one more feature, e, against a constant
     1 in k (normalized attention's a part): dv gets Σ_{i>=j in the chunk} e_i do_i (times scale) plus n_border, the
     rest of that sum from the later chunks (and the final state's gradient), which the caller forms (no decay).
-    project = (rq, rk) [B, T, H] float32: q and k are L2-normalized inputs, r = ±1 / |x| per row as
-    ula/ops/_l2norm.unit_pair gives them; dq and dk are returned as the gradients of the inputs before the norm (the dQ
+    project = (rq, rk) [B, T, H] float32: q and k are L2-normalized inputs, r = ±1 / |x| per row
+    (utils.signed_inverse); dq and dk are returned as the gradients of the inputs before the norm (the dQ
     and dK passes form them, K in one tile).
     q_raw = (wq, eq, edv or None) [B, T, H] float32 (with project, do_weight and ones): q is given before its norm
     (the forward's output kernel normalized it, chunk_output's qnorm), so where its rows serve as keys or values (the

@@ -19,7 +19,7 @@ import triton
 import triton.language as tl
 
 from .utils import (DOT_F16, alloc, block, cdiv, chunk_bounds, head_bases, is_tuned, launch, mm, mm_split, operand,
-                    own_dot, part_dot, stages_of, takes_part, tuned, warps_for)
+                    own_dot, part_dot, signed_inverse, stages_of, takes_part, tuned, warps_for)
 
 # the largest span of log decays (max - min over a row block, any feature) for which the rows' own block goes
 # through one reference step (one matmul) rather than by levels: e^60 ~ 1e26 stays far from float32's and
@@ -365,10 +365,11 @@ def _output_kernel(q, k, v, b, c, u, border, h0, o, dg_a, dg_out, du_out, n_bord
         if QNORM:  # q's rows L2-normalized here: every part through q times 1 / max(|q_i|, eps), not the rank-one
             # term (paper 001, Eq. 22); r stored with the clamp's sign (the backward's projection drops a term there)
             nq = tl.sqrt(sq)
-            rq = 1.0 / tl.maximum(nq, L2_EPS)
+            qd = tl.maximum(nq, L2_EPS)
+            rq = 1.0 / qd
             acc = acc * rq[:, None]
             den_inter = den_inter * rq
-            tl.store(pr + row0 + ri, tl.where(nq >= L2_EPS, rq, -rq), mask=mi & (i_v == 0))
+            tl.store(pr + row0 + ri, signed_inverse(nq, qd, L2_EPS), mask=mi & (i_v == 0))
         if W == 1:  # the rows' weights, on their part through the state (the rank-one part below is not weighted)
             acc = acc * tl.load(w_base + ri, mask=mi, other=0.0)[:, None]
         if R1 > 0:  # the extra feature's share through the state: e_i (rows) or 1 times the state's extra vector
@@ -519,10 +520,10 @@ def chunk_output(q, k, v, b, c, border, h0, scale, layout, reverse, dot, out_dty
     e_i times the steps before i plus count0 ([N, H] float32 or None, an initial state's count); divide=eps returns
     o / den instead of o (den's magnitude clamped to at least eps, its sign kept): normalized attention;
     project = (x [B, T, H, V], r [B, T, H] float32[, raw]): o is the gradient of x = y / |y| (the L2-normalized input of
-    this pass's output rows, r = ±1 / |y| as ula/ops/_l2norm.unit_pair gives it; with raw true x is y itself); returns
+    this pass's output rows, r = ±1 / |y| as utils.signed_inverse gives it; with raw true x is y itself); returns
     the gradient of y instead (V in one tile: project_fits);
     qnorm = eps (with ones): q's rows enter L2-normalized, y / max(|y|, eps), the norm taken here from the q it reads
-    (not on the rank-one term); returns (o, den, r) with r = ±1 / max(|y|, eps) [B, T, H] float32 as unit_pair's;
+    (not on the rank-one term); returns (o, den, r) with r = ±1 / max(|y|, eps) [B, T, H] float32 (signed_inverse);
     rank_one = (mode, e [B, T, H] float32, n_border [B, H, n, V], n0 [N, H, V] or None[, entering]): one more feature
     in the scores, e of the rows (mode 1) or of the keys (mode 2) against 1 on the other side, whose state part is
     n_border (and n0 for the first chunk going forward): the backward's dQ and dK passes of a column of ones in v

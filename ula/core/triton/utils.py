@@ -153,6 +153,22 @@ def round_bf16(x):
     return bits.to(tl.float32, bitcast=True)
 
 
+# the L2 norm of rows (normalized attention's Eq. 22 with F.normalize's guard): ula/ops/_l2norm.py and the output
+# kernel's q norm (output.py, QNORM)
+@triton.jit
+def unit_rows(xt, eps):
+    """(xt / max(|x|, eps) per row, |x|, max(|x|, eps)) of a float32 [rows, D] tile holding whole rows."""
+    n = tl.sqrt(tl.sum(xt * xt, 1))
+    d = tl.maximum(n, eps)
+    return xt / d[:, None], n, d
+
+
+@triton.jit
+def signed_inverse(n, d, eps):
+    """1 / max(|x|, eps), negative where the clamp acts (there the backward has no projection term)."""
+    return tl.where(n >= eps, 1.0 / d, -1.0 / d)
+
+
 # precision studies: ULA_TF32_TRUNC=1 emulates tf32 operands by truncation (the low 13 mantissa bits dropped, as an
 # MMA unit reading float32 registers may do) instead of rounding to nearest
 _TF32_TRUNC = tl.constexpr(os.environ.get("ULA_TF32_TRUNC") == "1")
