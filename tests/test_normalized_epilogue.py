@@ -134,6 +134,41 @@ def test_normalized_triton_wide_values(b, one_thread):
     check(errs, seed)
 
 
+@pytest.mark.parametrize("l2,a", [(True, "float"), (True, "fixed_head"), (False, "float")])
+def test_normalized_triton_row_blocks(l2, a, one_thread):
+    """The fused path at chunks of 128 steps, two row blocks of the output kernel each (the tests elsewhere take
+    chunks of 16 or 32: one block), a block past a sequence's end; varlen (sequences of 150 and 53 steps), an
+    initial state with its count, the final state; a float a, or a per-head a without a gradient."""
+    seed = fresh_seed()
+    K, V = 16, 32  # multiples of 16: the fused path
+    cu = torch.tensor([0, 150, 203])
+    a_in = 1.3 if a == "float" else torch.rand(H) + 1.2
+    inp = dict(q=torch.randn(1, 203, H, K), k=torch.randn(1, 203, H, K), v=torch.randn(1, 203, H, V),
+               h0=_state(2, K, V))
+    if not l2:  # positive features keep the denominator away from 0
+        inp["q"], inp["k"] = inp["q"].abs(), inp["k"].abs()
+    errs = compare(lambda h0, **x: ula.normalized_linear_attention(**x, a=a_in, b=0.8, qk_l2_norm=l2, initial_state=h0,
+                                                                   output_final_state=True, cu_seqlens=cu,
+                                                                   chunk_size=128, backend="triton"),
+                   lambda h0, **x: per_sequence(ref_normalized, cu, x, dict(a=a_in, b=0.8, qk_l2_norm=l2), h0), inp)
+    check(errs, seed)
+
+
+def test_normalized_triton_denominator_clamp(one_thread):
+    """a = 0 without the L2 norm and a large eps on the fused path: denominators cross 0 and many are clamped to
+    ±eps, where dden passes no gradient; against the reference with the same guard."""
+    seed = fresh_seed()
+    K, V = 16, 16
+    inp = dict(q=torch.randn(2, 37, H, K) * 0.05, k=torch.randn(2, 37, H, K), v=torch.randn(2, 37, H, V))
+    den = (inp["q"] * inp["k"].cumsum(1)).sum(-1)  # Σ_{s<=t} q_t·k_s
+    assert 0.2 < (den.abs() < 0.5).float().mean() < 0.8  # the clamp acts on many steps, not on all
+    errs = compare(lambda **x: ula.normalized_linear_attention(**x, a=0.0, b=1.0, qk_l2_norm=False, eps=0.5,
+                                                               output_final_state=True, chunk_size=16,
+                                                               backend="triton"),
+                   lambda **x: ref_normalized(**x, a=0.0, b=1.0, qk_l2_norm=False, eps=0.5), inp)
+    check(errs, seed)
+
+
 def test_normalized_triton_norm_clamp(one_thread):
     """Rows of q and k under the L2 norm's eps (a zero row, a row of 1e-14) on the fused path with a float b: there
     x / max(|x|, eps) has no projection term in its gradient (as F.normalize's), and the dQ and dK passes must

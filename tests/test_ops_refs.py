@@ -106,11 +106,12 @@ def ref_mlstm_exp(q, k, v, i, f, scale=None, eps=1e-6, h0=None):
     return torch.stack(out, 1), (C, n, m)
 
 
-def ref_normalized(q, k, v, a, b, qk_l2_norm=True, h0=None, direct=False):
+def ref_normalized(q, k, v, a, b, qk_l2_norm=True, h0=None, direct=False, eps=None):
     """Normalized linear attention (paper 001), recurrent form of Eq. 8-9 with f(x) = a + b x:
     x1 = Σ v, X2 = Σ k vᵀ, y1 = count, y2 = Σ k (a, b applied at the output, so the state is
     [[X2, y2], [x1ᵀ, y1]] = Σ [k; 1][v; 1]ᵀ); o_i = (a x1 + b X2ᵀ q_i) / (a y1 + b y2·q_i) (Eq. 5, 8).
-    direct=True evaluates Eq. 4 as written instead (quadratic; no initial state)."""
+    direct=True evaluates Eq. 4 as written instead (quadratic; no initial state). eps: the op's documented guard,
+    the denominator's magnitude kept at least eps with its sign (0 counts as positive)."""
     if qk_l2_norm:  # Eq. 22, with F.normalize's guard: x / max(|x|, 1e-12), as the op documents
         q, k = (x / x.norm(dim=-1, keepdim=True).clamp_min(1e-12) for x in (q, k))
     B, T, H, K = q.shape
@@ -133,6 +134,8 @@ def ref_normalized(q, k, v, a, b, qk_l2_norm=True, h0=None, direct=False):
         y1 = y1 + 1
         num = a * x1 + b * torch.einsum("bhkv,bhk->bhv", X2, q[:, t])
         den = a[:, 0] * y1 + b[:, 0] * (y2 * q[:, t]).sum(-1)
+        if eps is not None:
+            den = torch.where(den >= 0, den.clamp_min(eps), den.clamp_max(-eps))
         out.append(num / den[..., None])
     top = torch.cat([X2, y2[..., None]], -1)
     bottom = torch.cat([x1, y1[..., None]], -1)[:, :, None]
