@@ -16,7 +16,8 @@ from hypothesis import strategies as st
 
 import ula
 from helpers import KINDS, compare_with_reference, make_inputs
-from test_ops_refs import compare, per_sequence, ref_gla, ref_gsa, ref_mlstm_exp, ref_mlstm_sig, ref_normalized
+from test_ops_refs import (check_conditioned, compare, per_sequence, ref_gla, ref_gsa, ref_mlstm_exp, ref_mlstm_sig,
+                          ref_normalized)
 
 _COMMON = dict(deadline=None, derandomize=False, database=None, print_blob=True,
                suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much])
@@ -138,10 +139,7 @@ def _run_op(s, op, ref, inputs, tol=1e-4, loose=(), loose_tol=1e-3, skip=(), bac
             return per_sequence(ref, cu, tok, other, h0)
     errs, errs32 = compare(lambda h0, **a: op(**a, initial_state=h0, **kw), r, inputs, ref_float32=True)
     errs = {k: v for k, v in errs.items() if k not in skip}
-    # a quantity that the float32 recurrence itself misses by e may be missed by 10 e (a draw where a sum cancels)
-    bad = {k: f"{v:.2e} (float32 recurrence {errs32[k]:.2e})" for k, v in errs.items()
-           if not v <= max(loose_tol if k in loose else tol, 10 * errs32[k])}
-    assert not bad, f"relative errors over {tol}: {bad} for {s}"
+    check_conditioned(errs, errs32, s, tol, loose, loose_tol)
 
 
 @examples(25)
