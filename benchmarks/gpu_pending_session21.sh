@@ -9,6 +9,10 @@
 #                                                  # kernel, the state-gradient call without the column of ones) ordered
 #                                                  # profiles, smoke, repeated calls at four shapes, bf16 error, graph
 #                                                  # replays of this tree and .prev (ef621de)
+#     bash benchmarks/gpu_pending_session21.sh 3   # (the division's backward kernel with a program per block of rows,
+#                                                  # not per chunk) ordered profiles at its tiles
+#                                                  # (ULA_TUNE_DIVISION_BACKWARD), smoke, repeated calls at four shapes,
+#                                                  # bf16 error, graph replays of this tree and .prev (ef621de)
 # Writes $OUT/pending21.log (every command's output under a header, the device line, the measured files' checksums).
 NAME=pending21
 source "$(dirname "$0")/gpu_pending_common.sh"
@@ -22,6 +26,11 @@ case "$PART" in
    repeats normalized,normalized_pos 2,8192,16,128,128 3,3000,4,64,128
    families .:new .prev:prev ;;
 2) run python3 $PROF normalized,normalized_nol2,linear
+   normalized_checks ;;
+3) run python3 $PROF normalized,normalized_nol2,linear
+   for P in 4096,4 4096,2 2048,2 8192,8 16384,8 2048,4; do
+     run ULA_TUNE_DIVISION_BACKWARD=$P python3 $PROF normalized
+   done
    normalized_checks ;;
 esac
 echo "### done" >> "$LOG"

@@ -12,7 +12,7 @@ import ula  # noqa: E402
 import ula.ops._normalized_epilogue as epi  # noqa: E402
 from ula.ops.normalized import _epilogue_torch  # noqa: E402
 from helpers import fresh_seed, rel  # noqa: E402
-from test_ops_refs import check, compare, per_sequence, ref_normalized  # noqa: E402
+from test_ops_refs import check, check_conditioned, compare, per_sequence, ref_normalized  # noqa: E402
 
 H = 2
 
@@ -134,24 +134,39 @@ def test_normalized_triton_wide_values(b, one_thread):
     check(errs, seed)
 
 
-@pytest.mark.parametrize("l2,a", [(True, "float"), (True, "fixed_head"), (False, "float")])
-def test_normalized_triton_row_blocks(l2, a, one_thread):
+@pytest.mark.parametrize("l2,a,tile", [(True, "float", None), (True, "fixed_head", "2048,4"),
+                                       (False, "float", "1024,4"), (True, "learnable", "2048,4")])
+def test_normalized_triton_row_blocks(l2, a, tile, one_thread):
     """The fused path at chunks of 128 steps, two row blocks of the output kernel each (the tests elsewhere take
     chunks of 16 or 32: one block), a block past a sequence's end; varlen (sequences of 150 and 53 steps), an
-    initial state with its count, the final state; a float a, or a per-head a without a gradient."""
+    initial state with its count, the final state; a float a, or a per-head a without a gradient, or a learnable
+    one. `tile` (elements, warps) of the division's backward: 2048 / 1024 elements of V = 32 make its loop over a
+    chunk's rows take 2 / 4 steps (its sums carried across them)."""
+    from ula.core.triton.utils import set_tuning
     seed = fresh_seed()
+    set_tuning("division_backward", tile)
+    try:
+        _row_blocks_case(l2, a, seed)
+    finally:
+        set_tuning("division_backward", None)
+
+
+def _row_blocks_case(l2, a, seed):
     K, V = 16, 32  # multiples of 16: the fused path
     cu = torch.tensor([0, 150, 203])
     a_in = 1.3 if a == "float" else torch.rand(H) + 1.2
     inp = dict(q=torch.randn(1, 203, H, K), k=torch.randn(1, 203, H, K), v=torch.randn(1, 203, H, V),
                h0=_state(2, K, V))
+    if a == "learnable":  # an input of compare: its gradient da is checked, and the division kernel forms it
+        inp["a"] = a_in
     if not l2:  # positive features keep the denominator away from 0
         inp["q"], inp["k"] = inp["q"].abs(), inp["k"].abs()
-    errs = compare(lambda h0, **x: ula.normalized_linear_attention(**x, a=a_in, b=0.8, qk_l2_norm=l2, initial_state=h0,
-                                                                   output_final_state=True, cu_seqlens=cu,
-                                                                   chunk_size=128, backend="triton"),
-                   lambda h0, **x: per_sequence(ref_normalized, cu, x, dict(a=a_in, b=0.8, qk_l2_norm=l2), h0), inp)
-    check(errs, seed)
+    op = lambda h0, a=a_in, **x: ula.normalized_linear_attention(  # noqa: E731  (a: an input where learnable)
+        **x, a=a, b=0.8, qk_l2_norm=l2, initial_state=h0, output_final_state=True, cu_seqlens=cu, chunk_size=128,
+        backend="triton")
+    ref = lambda h0, a=a_in, **x: per_sequence(ref_normalized, cu, x, dict(a=a, b=0.8, qk_l2_norm=l2), h0)  # noqa: E731
+    errs, errs32 = compare(op, ref, inp, ref_float32=True)
+    check_conditioned(errs, errs32, f"seed {seed}")
 
 
 def test_normalized_triton_denominator_clamp(one_thread):
