@@ -5,11 +5,13 @@
 #                                                  # the division kernel's tiles (ULA_TUNE_DIVISION_BACKWARD), smoke,
 #                                                  # repeated calls, graph replays of .prev (git archive of ef621de)
 #                                                  # (a trial, not kept: results/session21_side_stream_trial.patch)
-#     bash benchmarks/gpu_pending_session21.sh 2   # (the division's backward formed by the dQ pass: no division
+#     bash benchmarks/gpu_pending_session21.sh 2   # (a trial, not kept: results/session21_dq_division_trial.patch)
+#                                                  # (the division's backward formed by the dQ pass: no division
 #                                                  # kernel, the state-gradient call without the column of ones) ordered
 #                                                  # profiles, smoke, repeated calls at four shapes, bf16 error, graph
 #                                                  # replays of this tree and .prev (ef621de)
-#     bash benchmarks/gpu_pending_session21.sh 3   # (the division's backward kernel with a program per block of rows,
+#     bash benchmarks/gpu_pending_session21.sh 3   # (a trial, not kept; RESULTS.md session 21 describes it)
+#                                                  # (the division's backward kernel with a program per block of rows,
 #                                                  # not per chunk) ordered profiles at its tiles
 #                                                  # (ULA_TUNE_DIVISION_BACKWARD), smoke, repeated calls at four shapes,
 #                                                  # bf16 error, graph replays of this tree and .prev (ef621de)
