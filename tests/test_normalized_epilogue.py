@@ -136,22 +136,15 @@ def test_normalized_triton_wide_values(b, one_thread):
 
 @pytest.mark.parametrize("l2,a,tile", [(True, "float", None), (True, "fixed_head", "2048,4"),
                                        (False, "float", "1024,4"), (True, "learnable", "2048,4")])
-def test_normalized_triton_row_blocks(l2, a, tile, one_thread):
+def test_normalized_triton_row_blocks(l2, a, tile, one_thread, monkeypatch):
     """The fused path at chunks of 128 steps, two row blocks of the output kernel each (the tests elsewhere take
     chunks of 16 or 32: one block), a block past a sequence's end; varlen (sequences of 150 and 53 steps), an
     initial state with its count, the final state; a float a, or a per-head a without a gradient, or a learnable
     one. `tile` (elements, warps) of the division's backward: 2048 / 1024 elements of V = 32 make its loop over a
     chunk's rows take 2 / 4 steps (its sums carried across them)."""
-    from ula.core.triton.utils import set_tuning
+    from ula.core.triton import utils
     seed = fresh_seed()
-    set_tuning("division_backward", tile)
-    try:
-        _row_blocks_case(l2, a, seed)
-    finally:
-        set_tuning("division_backward", None)
-
-
-def _row_blocks_case(l2, a, seed):
+    monkeypatch.setattr(utils, "_TUNING", {"division_backward": tile} if tile else {})
     K, V = 16, 32  # multiples of 16: the fused path
     cu = torch.tensor([0, 150, 203])
     a_in = 1.3 if a == "float" else torch.rand(H) + 1.2
@@ -253,7 +246,7 @@ def test_unit_one_with_inverse(one_thread):
 
 @pytest.mark.parametrize("dot", ["f32", "bf16"])
 @pytest.mark.parametrize("varlen,z0", [(False, False), (False, True), (True, True)])
-def test_state_call_sums_v(one_thread, dot, varlen, z0):
+def test_state_call_sums_v(one_thread, dot, varlen, z0, monkeypatch):
     """The forward state call's sums of v (chunk_states' v_sums: normalized attention's a part, the state of a
     constant key 1): z0 + Σ v over the earlier chunks of each sequence, stored before each chunk ([B * chunks, H, V]
     as the output kernel reads it), and the total, against float64 sums; T not a multiple of the chunk, two row
@@ -261,7 +254,8 @@ def test_state_call_sums_v(one_thread, dot, varlen, z0):
     against a column of ones, exact for bfloat16 values) and float32 (a row sum)."""
     from ula.core.triton.chunk import make_layout
     from ula.core.triton.state import chunk_states
-    from ula.core.triton.utils import DOT_BF16_EMULATED, DOT_F32, set_tuning
+    from ula.core.triton import utils
+    from ula.core.triton.utils import DOT_BF16_EMULATED, DOT_F32
     seed = fresh_seed()
     K, V, C = 40, 24, 32  # K in three tiles: each keeps the sums, the first stores them
     B, T, cu = (1, 83, torch.tensor([0, 19, 20, 83])) if varlen else (2, 77, None)
@@ -270,12 +264,10 @@ def test_state_call_sums_v(one_thread, dot, varlen, z0):
     k, v = rb(torch.randn(B, T, H, K)), rb(torch.randn(B, T, H, V))
     zinit = torch.randn(N, H, V) if z0 else None
     layout = make_layout(B, T, C, cu, k.device)
-    set_tuning("state", "16,16,16,4")  # two row blocks of a chunk, V in two tiles (the last partial)
-    try:
-        out = chunk_states(k, v, None, None, None, layout, False, DOT_BF16_EMULATED if dot == "bf16" else DOT_F32,
-                           ones=True, v_sums=True, z0=zinit)
-    finally:
-        set_tuning("state", None)
+    # two row blocks of a chunk, V in two tiles (the last partial)
+    monkeypatch.setattr(utils, "_TUNING", {"state": "16,16,16,4"})
+    out = chunk_states(k, v, None, None, None, layout, False, DOT_BF16_EMULATED if dot == "bf16" else DOT_F32,
+                       ones=True, v_sums=True, z0=zinit)
     carry, total = out[4]
     starts = [0] if cu is None else cu[:-1].tolist()
     ends = [T] if cu is None else cu[1:].tolist()
