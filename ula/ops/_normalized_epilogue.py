@@ -234,8 +234,8 @@ def _backward_kernel(o, den, v, dout, carry_f, carry_b, c0, a, do, dden, dv, dde
         if SUMS:
             dsum += tl.sum(dnum, 0)
         ddn = tl.where(m & ok, ddn, 0.0)
+        step = (i_b.to(tl.int64) * T + rows) * H + i_h  # the rows in [B, T, H]
         if INV_D:
-            step = (i_b.to(tl.int64) * T + rows) * H + i_h
             tl.store(do + step, 1.0 / d, mask=m)
             if QR > 0:
                 ar = tl.abs(tl.load(rq + step, mask=m, other=1.0))
@@ -245,7 +245,7 @@ def _backward_kernel(o, den, v, dout, carry_f, carry_b, c0, a, do, dden, dv, dde
                     tl.store(edv + step, ah / ar, mask=m)
         else:
             tl.store(do + base + r64 * (H * V) + cols[None, :], dnum.to(do.dtype.element_ty), mask=mk)
-        tl.store(dden + (i_b.to(tl.int64) * T + rows) * H + i_h, ddn.to(dden.dtype.element_ty), mask=m)
+        tl.store(dden + step, ddn.to(dden.dtype.element_ty), mask=m)
         dd_acc += ddn
         if HAS_A:
             if HAS_DV:
