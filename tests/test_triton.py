@@ -262,6 +262,22 @@ def test_launch_falls_back_to_fewer_stages_where_shared_memory_is_short():
     assert k.tried == [None]
     with pytest.raises(RuntimeError, match="smaller chunk_size"):
         launch(FakeKernel(fits_at=()), (1,), 1.0, num_warps=4, X=1)
+    k = FakeKernel(fits_at=(2,))  # preferences tried in turn (the state kernel's 4 stages first)
+    launch(k, (1,), 1.0, num_warps=4, num_stages=(4, None, 2, 1), X=1)
+    assert k.tried == [4, None, 2]
+
+
+@pytest.mark.parametrize("kind", ["none", "scalar"])
+def test_state_stages_preferred_without_decay(monkeypatch, kind):
+    """The state kernel asks for 4 pipelining stages first where no decay or gate enters its loop (measured faster
+    there, slower with decays: RESULTS.md session 22) and leaves Triton's default otherwise; results as the
+    reference's either way."""
+    def stages(kernel, w, cx, s):
+        return (s,) if kernel.fn.__name__ == "_state_kernel" else None
+    seen = record_launches(monkeypatch, stages)
+    seed = fresh_seed()
+    _check(compare_with_reference(_triton(16), _on(make_inputs(kind, False, 1, 45, 2, 16, 16))), seed)
+    assert seen and set(seen) == ({((4, None, 2, 1),)} if kind == "none" else {(None,)}), seen
 
 
 def test_bf16_emulation_rounds_matmul_operands():

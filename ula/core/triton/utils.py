@@ -321,6 +321,8 @@ def dry_launches():
 
 
 def _warmup(kernel, grid, args, num_warps, constexprs, num_stages=None):
+    if isinstance(num_stages, tuple):  # the first preference; a launch where it does not fit compiles the next
+        num_stages = num_stages[0]
     stages = {} if num_stages is None else {"num_stages": num_stages}
     kernel.warmup(*args, grid=grid, num_warps=num_warps, **stages, **constexprs)
 
@@ -328,7 +330,8 @@ def _warmup(kernel, grid, args, num_warps, constexprs, num_stages=None):
 def launch(kernel, grid, *args, num_warps=4, num_stages=None, **constexprs):
     """kernel[grid](*args, num_warps=num_warps, **constexprs), with the host's cost of a repeated launch cut to a
     cache lookup. Every runtime argument positionally and in order, every constexpr by name. num_stages: None for
-    Triton's software pipelining (fewer stages where they do not fit), else that many."""
+    Triton's software pipelining (fewer stages where they do not fit), a number for that many, or a tuple of
+    preferences tried in turn (None among them: Triton's default)."""
     if getattr(_DRY, "on", False):
         _warmup(kernel, grid, args, num_warps, constexprs, num_stages)
         return
@@ -362,7 +365,8 @@ def _launch_fitting(kernel, grid, args, num_warps, constexprs, num_stages=None):
     A100 164 KB: float32 inputs need 208 KB there at 3 stages, compiled for sm_80 by tests/offline_compile.py).
     Returns what the launch returns (the compiled kernel)."""
     from triton.runtime.errors import OutOfResources
-    for stages in (None, 2, 1) if num_stages is None else (num_stages,):
+    tries = num_stages if isinstance(num_stages, tuple) else (None, 2, 1) if num_stages is None else (num_stages,)
+    for stages in tries:
         try:
             if stages is None:
                 return kernel[grid](*args, num_warps=num_warps, **constexprs)
