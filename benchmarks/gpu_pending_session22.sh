@@ -15,6 +15,11 @@
 #     bash benchmarks/gpu_pending_session22.sh 4   # 4 stages kept for the state calls without decay or gate: ordered
 #                                                  # profile, repeated calls, smoke, graph replays of linear and
 #                                                  # normalized for this tree and .prev (git archive of 980c7fc)
+#     bash benchmarks/gpu_pending_session22.sh 5   # trials, not kept (results/session22_state_trials.patch; its
+#                                                  # knobs: ULA_EXP_STATE_BAL, the forward state call's v sums and
+#                                                  # normalizer column spread over its programs, one each;
+#                                                  # ULA_EXP_W_ON_K, the reverse call's weights on k's rows, not v's):
+#                                                  # ordered profiles, graph replays, repeated calls
 # Writes $OUT/pending22.log (every command's output under a header, the device line, the measured files' checksums).
 NAME=pending22
 source "$(dirname "$0")/gpu_pending_common.sh"
@@ -51,5 +56,13 @@ case "$PART" in
    repeats linear,normalized,normalized_nol2,normalized_pos,gla,mlstm_exp 2,8192,16,128,128 3,3000,4,64,128
    run python3 benchmarks/gpu_smoke.py
    families .:new .prev:prev ;;
+5) for E in X=0 ULA_EXP_STATE_BAL=1 ULA_EXP_W_ON_K=1 "ULA_EXP_STATE_BAL=1 ULA_EXP_W_ON_K=1"; do
+     run $E python3 $PROF normalized,normalized_nol2
+   done
+   F5="--sections ops --ours normalized,linear,normalized_nol2 --peers none --rounds 3 --graph --budget-s 150"
+   run python3 benchmarks/gpu_families_vs_peers.py $F5 --out "$OUT/fam_base"
+   run ULA_EXP_STATE_BAL=1 ULA_EXP_W_ON_K=1 python3 benchmarks/gpu_families_vs_peers.py $F5 --out "$OUT/fam_both"
+   PRE=(ULA_EXP_STATE_BAL=1 ULA_EXP_W_ON_K=1)
+   repeats normalized,normalized_nol2,normalized_pos 2,8192,16,128,128 3,3000,4,64,128 ;;
 esac
 echo "### done" >> "$LOG"
