@@ -20,6 +20,8 @@
 #                                                  # normalizer column spread over its programs, one each;
 #                                                  # ULA_EXP_W_ON_K, the reverse call's weights on k's rows, not v's):
 #                                                  # ordered profiles, graph replays, repeated calls
+#     bash benchmarks/gpu_pending_session22.sh 6   # the output kernel's stages by hand (ULA_TUNE_OUTPUT=64,64,128,4,S):
+#                                                  # ordered profiles of normalized and linear, repeated calls
 # Writes $OUT/pending22.log (every command's output under a header, the device line, the measured files' checksums).
 NAME=pending22
 source "$(dirname "$0")/gpu_pending_common.sh"
@@ -64,5 +66,10 @@ case "$PART" in
    run ULA_EXP_STATE_BAL=1 ULA_EXP_W_ON_K=1 python3 benchmarks/gpu_families_vs_peers.py $F5 --out "$OUT/fam_both"
    PRE=(ULA_EXP_STATE_BAL=1 ULA_EXP_W_ON_K=1)
    repeats normalized,normalized_nol2,normalized_pos 2,8192,16,128,128 3,3000,4,64,128 ;;
+6) for S in 3 4 5; do
+     run ULA_TUNE_OUTPUT=64,64,128,4,$S python3 $PROF normalized,linear
+     PRE=(ULA_TUNE_OUTPUT=64,64,128,4,$S)
+     repeats normalized,linear 2,8192,16,128,128
+   done ;;
 esac
 echo "### done" >> "$LOG"
