@@ -39,6 +39,6 @@ def run_op(op):
 for op in sys.argv[1:] or ["scalar", "vector", "gsa"]:
     launches = oc.record(run_op(op))
     t0 = time.perf_counter()
-    for kernel, sig, cx, w, attrs in launches:
-        oc.compile_one(kernel, sig, cx, w, attrs)
+    for kernel, sig, cx, w, attrs, stages in launches:
+        oc.compile_one(kernel, sig, cx, w, attrs, num_stages=stages)
     print(f"{op}: {len(launches)} configurations, {time.perf_counter() - t0:.1f} s", flush=True)

@@ -24,7 +24,7 @@ _CHECKED_OUTPUTS = {"_mlstm_gates_fwd_kernel": ("ldp", "logw", "m", "mT")}
 
 def record(run):
     """Calls run() with every Triton launch of ula recorded instead of executed. Returns the distinct launches
-    as (kernel, signature, constexprs, num_warps, attrs)."""
+    as (kernel, signature, constexprs, num_warps, attrs, num_stages: None for Triton's default)."""
     assert os.environ.get("TRITON_INTERPRET") != "1", "kernels defined under the interpreter cannot be compiled"
     from ula.core.triton import cumsum, decay_grad, output, state, step  # noqa: F401  (defines the kernels)
     from ula.core.triton import entry  # noqa: F401  (context parallelism's entry term)
@@ -34,7 +34,7 @@ def record(run):
                                                    "_l2norm")]  # the families' own
     seen = {}
 
-    def fake_launch(kernel, grid, *args, num_warps=4, num_stages=None, **constexprs):  # stages: Triton's default
+    def fake_launch(kernel, grid, *args, num_warps=4, num_stages=None, **constexprs):
         names = kernel.arg_names
         sig, attrs = {}, {}
         for i, (n, a) in enumerate(zip(names, args)):
@@ -51,9 +51,11 @@ def record(run):
                 attrs[(i,)] = [["tt.divisibility", 16]]
         for n in constexprs:
             sig[n] = "constexpr"
+        if isinstance(num_stages, tuple):  # preferences: the first is what a GPU with enough shared memory runs
+            num_stages = num_stages[0]
         key = (kernel.fn.__name__, tuple(sig.items()), tuple(sorted(constexprs.items())), num_warps,
-               tuple(sorted(attrs)))
-        seen.setdefault(key, (kernel, sig, dict(constexprs), num_warps, attrs))
+               tuple(sorted(attrs)), num_stages)
+        seen.setdefault(key, (kernel, sig, dict(constexprs), num_warps, attrs, num_stages))
         for n, a in zip(names, args):  # outputs that host code checks later: zeros, as the kernel is not run
             if n in _CHECKED_OUTPUTS.get(kernel.fn.__name__, ()):
                 a.zero_()
@@ -72,14 +74,15 @@ def record(run):
     return list(seen.values())
 
 
-def compile_one(kernel, sig, constexprs, num_warps, attrs=None, arch=90):
+def compile_one(kernel, sig, constexprs, num_warps, attrs=None, arch=90, num_stages=None):
     """Triton's compile for CUDA sm_<arch> down to a cubin, then ptxas -v on its PTX: (registers, spill bytes
     stored, spill bytes loaded, shared memory bytes)."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
     src = ASTSource(kernel, sig, constexprs=constexprs, attrs=attrs)
-    k = triton.compile(src, target=GPUTarget("cuda", arch, 32), options={"num_warps": num_warps})
+    opts = {"num_warps": num_warps, **({} if num_stages is None else {"num_stages": num_stages})}
+    k = triton.compile(src, target=GPUTarget("cuda", arch, 32), options=opts)
     ptxas = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
     with tempfile.NamedTemporaryFile("w", suffix=".ptx", delete=False) as f:
         f.write(k.asm["ptx"])
@@ -98,8 +101,8 @@ def core_cases(B=2, T=300, H=2, K=128, V=128, dtype=torch.bfloat16):
     """Forward+backward of ula.linear_attention the way a GPU runs them: every decay kind at K = V = 128, decays
     requiring gradients (a learnable constant one takes float32 matmuls), mLSTM's key gate, then reverse,
     varlen, a tiled chunk, a right decay, float16, K = 96 / V = 256, K = V = 100; mLSTMexp (its gate scan, the
-    normalizer inside the forward's kernels); normalized attention (L2 norm, epilogue); GSA's mixed-dtype passes; context parallelism's entry
-    term; and the decoding step kernel."""
+    normalizer inside the forward's kernels); normalized attention (L2 norm, epilogue); GSA's mixed-dtype passes;
+    context parallelism's entry term; and the decoding step kernel."""
     import torch.nn.functional as F
 
     import ula
@@ -175,10 +178,11 @@ def core_cases(B=2, T=300, H=2, K=128, V=128, dtype=torch.bfloat16):
 def report(launches, arch=90, out=print):
     """Compiles every recorded launch; prints one line each. Returns the lines of those that failed."""
     failed = []
-    for kernel, sig, cx, w, attrs in launches:
-        tag = f"{kernel.fn.__name__} warps={w} " + " ".join(f"{k}={v}" for k, v in cx.items())
+    for kernel, sig, cx, w, attrs, stages in launches:
+        tag = f"{kernel.fn.__name__} warps={w} stages={stages or 'default'} "
+        tag += " ".join(f"{k}={v}" for k, v in cx.items())
         try:
-            regs, st, ld, smem = compile_one(kernel, sig, cx, w, attrs, arch)
+            regs, st, ld, smem = compile_one(kernel, sig, cx, w, attrs, arch, stages)
             out(f"ok    regs {regs:3d} spill {st:5d}/{ld:5d} B smem {smem:6d} B  {tag}")
         except Exception as e:  # noqa: BLE001  (any compiler failure is the finding)
             failed.append(tag)

@@ -1,7 +1,7 @@
 """Every Triton kernel configuration that a forward+backward of the core, the families' own kernels, context
-parallelism's entry term and the decoding step launch on a GPU compiles for an H100 (sm_90) down to a cubin and
-spills at most 512 bytes per thread, checked on the CPU (tests/offline_compile.py: the launches are recorded, not
-run, in a process without the interpreter). The interpreter runs the kernels' logic but not the
+parallelism's entry term and the decoding step launch on a GPU compiles for an H100 (sm_90) down to a cubin,
+spills at most 512 bytes per thread and fits an H100's shared memory at its pipelining stages, checked on the CPU
+(tests/offline_compile.py: the launches are recorded, not run, in a process without the interpreter). The interpreter runs the kernels' logic but not the
 GPU compiler, which has its own failures (bfloat16 matmul operands, layouts, shared memory)."""
 import os
 import re
@@ -38,4 +38,11 @@ def test_every_launched_configuration_compiles_for_sm90():
     spills = {ln: int(re.search(r"spill +(\d+)/", ln).group(1)) for ln in lines}
     heavy = [ln for ln, b in spills.items() if b > 512]
     assert not heavy, "configurations spilling over 512 bytes per thread:\n" + "\n".join(heavy)
-    print(f"{len(lines)} configurations compiled, largest spill {max(spills.values())} bytes")
+    # shared memory at each launch's (first) stages: within an H100's 227 KB per block, so the preferred pipelining
+    # runs there rather than falling back to fewer stages (ula/core/triton/utils.py's _launch_fitting)
+    smem = {ln: int(re.search(r"smem +(\d+) B", ln).group(1)) for ln in lines}
+    over = [ln for ln, b in smem.items() if b > 227 * 1024]
+    assert not over, "configurations over an H100's shared memory:\n" + "\n".join(over)
+    assert any("_state_kernel" in ln and "stages=4" in ln for ln in lines), "the state kernel's 4 stages not seen"
+    print(f"{len(lines)} configurations compiled, largest spill {max(spills.values())} bytes, "
+          f"largest shared memory {max(smem.values())} B")
