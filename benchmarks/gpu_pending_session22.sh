@@ -22,6 +22,12 @@
 #                                                  # ordered profiles, graph replays, repeated calls
 #     bash benchmarks/gpu_pending_session22.sh 6   # the output kernel's stages by hand (ULA_TUNE_OUTPUT=64,64,128,4,S):
 #                                                  # ordered profiles of normalized and linear, repeated calls
+#     bash benchmarks/gpu_pending_session22.sh 7   # the state kernel at 4 warps (ULA_TUNE_STATE), ordered profiles
+#     bash benchmarks/gpu_pending_session22.sh 8   # 4 warps for the column-of-ones state calls without decay or gate
+#                                                  # (normalized's): ordered profile, repeated calls, smoke, graph
+#                                                  # replays of this tree and .prev (git archive of 861319f)
+#     bash benchmarks/gpu_pending_session22.sh 9   # part 8's change on an H100: repeated calls, graph replays of this
+#                                                  # tree and .prev (861319f)
 # Writes $OUT/pending22.log (every command's output under a header, the device line, the measured files' checksums).
 NAME=pending22
 source "$(dirname "$0")/gpu_pending_common.sh"
@@ -71,5 +77,14 @@ case "$PART" in
      PRE=(ULA_TUNE_OUTPUT=64,64,128,4,$S)
      repeats normalized,linear 2,8192,16,128,128
    done ;;
+7) for P in 128,64,64,8,4 128,64,64,4,4 128,64,64,4,3 64,64,64,4,4; do
+     run ULA_TUNE_STATE=$P python3 $PROF normalized,linear
+   done ;;
+8) run python3 $PROF normalized,linear
+   repeats normalized,normalized_nol2,normalized_pos 2,8192,16,128,128 3,3000,4,64,128 2,4096,8,256,256
+   run python3 benchmarks/gpu_smoke.py --parts ones,families,repeat
+   families .:new .prev:prev ;;
+9) repeats normalized,normalized_nol2 2,8192,16,128,128
+   families .:new .prev:prev ;;
 esac
 echo "### done" >> "$LOG"

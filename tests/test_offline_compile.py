@@ -44,5 +44,11 @@ def test_every_launched_configuration_compiles_for_sm90():
     over = [ln for ln, b in smem.items() if b > 227 * 1024]
     assert not over, "configurations over an H100's shared memory:\n" + "\n".join(over)
     assert any("_state_kernel" in ln and "stages=4" in ln for ln in lines), "the state kernel's 4 stages not seen"
+    # the column-of-ones state calls without decay or gate (normalized attention's) at 4 warps, the core's at 8
+    split = [ln for ln in lines if "_state_kernel" in ln and "SPLIT=True" in ln]
+    plain = [ln for ln in lines if "_state_kernel" in ln and "ONES=False" in ln and "HAS_B=False" in ln
+             and "HAS_C=False" in ln and "BK=64 BV=64" in ln]
+    assert split and all("warps=4 " in ln for ln in split), split
+    assert plain and all("warps=8 " in ln for ln in plain), plain
     print(f"{len(lines)} configurations compiled, largest spill {max(spills.values())} bytes, "
           f"largest shared memory {max(smem.values())} B")

@@ -399,6 +399,11 @@ def chunk_states(k, v, b, c, h0, layout, reverse, dot, state_dtype=torch.float32
     # SPLIT (see NW): the normalizer with bfloat16 matmuls (emulated too) and k entering as loaded (no decay, no gate);
     # its weights e are read as their parts
     split = ones and dot in (DOT_BF16, DOT_BF16_EMULATED) and b is None and gate is None
+    # 4 warps for those (normalized attention's three calls; with 4 stages below): H200 B2 T8192 H16 K=V=128
+    # 0.087 / 0.091 / 0.063 -> 0.072 / 0.079 / 0.061 ms, while linear attention's calls are the same at 4 or 8
+    # (RESULTS.md session 22)
+    if split and not is_tuned("state"):
+        W = 4
     if split and e is not None:
         e = split_parts(e)
     if ones:
