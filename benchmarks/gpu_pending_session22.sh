@@ -28,6 +28,8 @@
 #                                                  # replays of this tree and .prev (git archive of 861319f)
 #     bash benchmarks/gpu_pending_session22.sh 9   # part 8's change on an H100: repeated calls, graph replays of this
 #                                                  # tree and .prev (861319f)
+#     bash benchmarks/gpu_pending_session22.sh 10  # more state tiles at 4 warps (ULA_TUNE_STATE): ordered profiles of
+#                                                  # normalized
 # Writes $OUT/pending22.log (every command's output under a header, the device line, the measured files' checksums).
 NAME=pending22
 source "$(dirname "$0")/gpu_pending_common.sh"
@@ -86,5 +88,8 @@ case "$PART" in
    families .:new .prev:prev ;;
 9) repeats normalized,normalized_nol2 2,8192,16,128,128
    families .:new .prev:prev ;;
+10) for P in 128,64,64,4,4 128,64,64,4,5 128,64,32,4,4 128,32,64,4,4; do
+     run ULA_TUNE_STATE=$P python3 $PROF normalized
+   done ;;
 esac
 echo "### done" >> "$LOG"
