@@ -1,8 +1,9 @@
 """Every Triton kernel configuration that a forward+backward of the core, the families' own kernels, context
 parallelism's entry term and the decoding step launch on a GPU compiles for an H100 (sm_90) down to a cubin,
 spills at most 512 bytes per thread and fits an H100's shared memory at its pipelining stages, checked on the CPU
-(tests/offline_compile.py: the launches are recorded, not run, in a process without the interpreter). The interpreter runs the kernels' logic but not the
-GPU compiler, which has its own failures (bfloat16 matmul operands, layouts, shared memory)."""
+(tests/offline_compile.py: the launches are recorded, not run, in a process without the interpreter). The
+interpreter runs the kernels' logic but not the GPU compiler, which has its own failures (bfloat16 matmul operands,
+layouts, shared memory)."""
 import os
 import re
 import subprocess
