@@ -41,6 +41,11 @@ def _both(i, f, m0, cu, used=NAMES):
 
 def _check(i, f, m0, cu, seed, used=NAMES, tol=1e-12):
     (outs, grads), (outs_r, grads_r) = _both(i, f, m0, cu, used)
+    _compare(outs, grads, outs_r, grads_r, i, seed, tol)
+
+
+def _compare(outs, grads, outs_r, grads_r, i, seed, tol):
+    """The kernel's outputs and gradients (di, df, dm0) against `_exp_gates`' (outs_r, grads_r)."""
     # F is summed in another order: values agree to rounding at the size of F (it grows with t)
     scale = 1.0 + float(outs_r[2].detach().abs().max()) + float(i.abs().max())
     for n, a, b in zip(NAMES, outs, outs_r):
@@ -209,19 +214,23 @@ def _grads_of(i, f, m0, cu, gs, parallel, monkeypatch):
 
 
 def _check_paths(i, f, m0, cu, seed, monkeypatch, tiles="4,1,4,2", tol=1e-12, exact_forward=False):
-    """The parallel kernels against `_exp_gates` (as _check) and against the sequential kernels, under `tiles`.
-    exact_forward: F exactly 0 (logσ(f) = 0), so the forward has no sum to re-associate and agrees bitwise."""
+    """The parallel kernels against `_exp_gates` (as _check) and against the sequential kernels, under `tiles`, on
+    the same upstream gradients. exact_forward: F exactly 0 (logσ(f) = 0), so the forward has no sum to re-associate
+    and agrees bitwise."""
     from ula.core.triton.utils import set_tuning
+    N = i.shape[0] if cu is None else len(cu) - 1
+    shapes = [i.shape, i.shape, i.shape, (N, i.shape[2])]
+    gs = [torch.randn(s, dtype=D) for s in shapes]
     set_tuning("mlstm_gates", tiles)
     try:
-        _check(i, f, m0, cu, seed, tol=tol)
-        N = i.shape[0] if cu is None else len(cu) - 1
-        shapes = [i.shape, i.shape, i.shape, (N, i.shape[2])]
-        gs = [torch.randn(s, dtype=D) for s in shapes]
         par = _grads_of(i, f, m0, cu, gs, True, monkeypatch)
         seq = _grads_of(i, f, m0, cu, gs, False, monkeypatch)
     finally:
         set_tuning("mlstm_gates", None)
+    leaves = [x.detach().clone().requires_grad_() if x is not None else None for x in (i, f, m0)]
+    ref = list(_exp_gates(*leaves, PackedLayout(cu, i.shape[1], i.device)))
+    ref_grads = list(torch.autograd.grad(ref, [x for x in leaves if x is not None], gs))
+    _compare(par[:4], par[4:], ref, ref_grads, i, seed, tol)
     for n, a, b in zip(NAMES + ("di", "df", "dm0"), par, seq):
         if exact_forward and n in NAMES:
             assert torch.equal(a, b), (n, seed)

@@ -28,7 +28,7 @@ def _inputs(B, T, V, N, a, h0, den_scale=1.0):
     return d
 
 
-def _run(inp, cu=None, chunk=16, final=True, eps=1e-6):
+def _run(inp, cu=None, chunk=16, final=True, eps=1e-6, ref_float32=False):
     def fused(**x):
         return epi.normalized_epilogue(**{"z0": None, "c0": None, **x}, eps=eps, cu_seqlens=cu, final=final,
                                        chunk_size=chunk)
@@ -36,14 +36,18 @@ def _run(inp, cu=None, chunk=16, final=True, eps=1e-6):
     def ref(**x):
         return _epilogue_torch(**{"z0": None, "c0": None, **x}, eps=eps, cu_seqlens=cu, final=final)
 
-    return compare(fused, ref, inp)
+    return compare(fused, ref, inp, ref_float32=ref_float32)
 
 
 @pytest.mark.parametrize("T, V, chunk, a, h0", [(37, 16, 16, "float", False), (37, 48, 16, "head", True),
                                                 (300, 128, 64, "scalar", True), (45, 16, 16, "zero", True)])
 def test_fused_epilogue(T, V, chunk, a, h0, one_thread):
+    """da sums every step's terms into one number per head (or one in all): on some draws they cancel, and the
+    float32 recurrence itself misses it by ~1e-5 (seed 3445870492 at T=300: 1.5e-5, the kernels 1.3e-4), so errors
+    are held to the draw's conditioning (check_conditioned), as the ops' tests do."""
     seed = fresh_seed()
-    check(_run(_inputs(2, T, V, 2, _coef(a), h0), chunk=chunk), seed)
+    errs, errs32 = _run(_inputs(2, T, V, 2, _coef(a), h0), chunk=chunk, ref_float32=True)
+    check_conditioned(errs, errs32, f"seed {seed}")
 
 
 def test_fused_epilogue_varlen(one_thread, monkeypatch):
