@@ -8,4 +8,4 @@ demo: setup
 	.venv/bin/python -m ula demo
 
 test: setup
-	.venv/bin/python -m pytest -q tests
+	.venv/bin/python -m pytest -q -n auto --maxprocesses 4 tests

@@ -21,7 +21,7 @@ if ! "$VPY" -c "import triton" 2>/dev/null; then
 fi
 missing=$("$VPY" - <<'PYEOF'
 import importlib.util as u
-need = {"numpy": "numpy", "tqdm": "tqdm", "pytest": "pytest", "hypothesis": "hypothesis",
+need = {"numpy": "numpy", "tqdm": "tqdm", "pytest": "pytest", "xdist": "pytest-xdist", "hypothesis": "hypothesis",
         "matplotlib": "matplotlib", "safetensors": "safetensors", "transformers": "transformers"}
 print(" ".join(p for m, p in need.items() if u.find_spec(m) is None))
 PYEOF
