@@ -19,24 +19,28 @@ D = torch.float64
 NAMES = ("ldp", "logw", "m", "mT")
 
 
+def _upstream(i, cu):
+    """Random upstream gradients on ld', logw, m and m_T."""
+    N = i.shape[0] if cu is None else len(cu) - 1
+    return [torch.randn(s, dtype=D) for s in (i.shape, i.shape, i.shape, (N, i.shape[2]))]
+
+
+def _run_gates(fused, i, f, m0, cu, gs, used=NAMES):
+    """(outputs, gradients of i, f and m_0) of the kernel (fused) or of the PyTorch code, the upstream gradients gs
+    on the outputs named in `used`."""
+    leaves = [x.detach().clone().requires_grad_() if x is not None else None for x in (i, f, m0)]
+    outs = mlstm_exp_gates(*leaves, cu) if fused else _exp_gates(*leaves, PackedLayout(cu, i.shape[1], i.device))
+    picked = [(o, g) for n, o, g in zip(NAMES, outs, gs) if n in used]
+    live = [x for x in leaves if x is not None]
+    grads = torch.autograd.grad([o for o, _ in picked], live, [g for _, g in picked], allow_unused=True)
+    return list(outs), list(grads)
+
+
 def _both(i, f, m0, cu, used=NAMES):
     """(outputs, gradients) of the kernel and of the PyTorch code on the same inputs and upstream gradients
     (only on the outputs named in `used`)."""
-    res = []
-    gs = None
-    for fused in (True, False):
-        leaves = [x.detach().clone().requires_grad_() if x is not None else None for x in (i, f, m0)]
-        if fused:
-            outs = mlstm_exp_gates(*leaves, cu)
-        else:
-            outs = _exp_gates(*leaves, PackedLayout(cu, i.shape[1], i.device))
-        if gs is None:
-            gs = [torch.randn(o.shape, dtype=D) for o in outs]
-        picked = [(o, g) for n, o, g in zip(NAMES, outs, gs) if n in used]
-        live = [x for x in leaves if x is not None]
-        grads = torch.autograd.grad([o for o, _ in picked], live, [g for _, g in picked], allow_unused=True)
-        res.append((outs, grads))
-    return res
+    gs = _upstream(i, cu)
+    return [_run_gates(fused, i, f, m0, cu, gs, used) for fused in (True, False)]
 
 
 def _check(i, f, m0, cu, seed, used=NAMES, tol=1e-12):
@@ -207,10 +211,8 @@ def test_mlstm_exp_triton_matches_torch(varlen, one_thread, monkeypatch):
 def _grads_of(i, f, m0, cu, gs, parallel, monkeypatch):
     from ula.ops import _mlstm_gate_kernels as kernels
     monkeypatch.setattr(kernels, "PARALLEL", parallel)
-    leaves = [x.detach().clone().requires_grad_() if x is not None else None for x in (i, f, m0)]
-    outs = mlstm_exp_gates(*leaves, cu)
-    live = [x for x in leaves if x is not None]
-    return list(outs) + list(torch.autograd.grad(outs, live, gs))
+    outs, grads = _run_gates(True, i, f, m0, cu, gs)
+    return outs + grads
 
 
 def _check_paths(i, f, m0, cu, seed, monkeypatch, tiles="4,1,4,2", tol=1e-12, exact_forward=False):
@@ -218,19 +220,14 @@ def _check_paths(i, f, m0, cu, seed, monkeypatch, tiles="4,1,4,2", tol=1e-12, ex
     the same upstream gradients. exact_forward: F exactly 0 (logσ(f) = 0), so the forward has no sum to re-associate
     and agrees bitwise."""
     from ula.core.triton.utils import set_tuning
-    N = i.shape[0] if cu is None else len(cu) - 1
-    shapes = [i.shape, i.shape, i.shape, (N, i.shape[2])]
-    gs = [torch.randn(s, dtype=D) for s in shapes]
+    gs = _upstream(i, cu)
     set_tuning("mlstm_gates", tiles)
     try:
         par = _grads_of(i, f, m0, cu, gs, True, monkeypatch)
         seq = _grads_of(i, f, m0, cu, gs, False, monkeypatch)
     finally:
         set_tuning("mlstm_gates", None)
-    leaves = [x.detach().clone().requires_grad_() if x is not None else None for x in (i, f, m0)]
-    ref = list(_exp_gates(*leaves, PackedLayout(cu, i.shape[1], i.device)))
-    ref_grads = list(torch.autograd.grad(ref, [x for x in leaves if x is not None], gs))
-    _compare(par[:4], par[4:], ref, ref_grads, i, seed, tol)
+    _compare(par[:4], par[4:], *_run_gates(False, i, f, m0, cu, gs), i, seed, tol)
     for n, a, b in zip(NAMES + ("di", "df", "dm0"), par, seq):
         if exact_forward and n in NAMES:
             assert torch.equal(a, b), (n, seed)
