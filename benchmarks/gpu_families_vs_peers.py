@@ -6,7 +6,8 @@
 
 Sections (--sections, default all four):
   ops     ours: ula.gla, ula.mlstm sig and exp, ula.gsa (m=64 slots), ula.normalized_linear_attention (and
-          without its L2 norm of q, k: normalized_nol2), ula.linear_attention (no decay): forward ms,
+          without its L2 norm of q, k: normalized_nol2), ula.linear_attention (no decay; and on the same
+          L2-normalized q, k by F.normalize: linear_l2, and by ula's L2 kernels: linear_l2_fused): forward ms,
           forward+backward ms, peak MiB (ula.bench.measure).
           GSA with m=64 and K=V=128 holds K*m + m*V = 16384 numbers per head, GLA K*V = 16384: the
           comparison of the two at this shape is at equal state size.
@@ -35,7 +36,8 @@ from ula.bench.measure import graph_times, measure_on  # noqa: E402
 from ula.bench.script import Run  # noqa: E402
 
 SCRIPT = os.path.abspath(__file__)
-OURS = ("gla", "mlstm_sig", "mlstm_exp", "gsa", "normalized", "linear", "normalized_nol2")
+OURS = ("gla", "mlstm_sig", "mlstm_exp", "gsa", "normalized", "linear", "normalized_nol2", "linear_l2",
+        "linear_l2_fused")
 # peer -> (what it is, our op it is set against, expected seconds of a first call in a fresh process)
 PEERS = {
     "tfla_sig": ("mlstm-kernels TFLA mLSTMsig, chunk 128 (normalize=True, its default)", "mlstm_sig", 45),
@@ -237,6 +239,11 @@ RATIOS = [
      "<= 1.2", lambda v: v <= 1.2),
     ("normalized without the L2 norm of q, k / linear forward+backward", ("ops", "normalized_nol2", "fwdbwd_ms"),
      ("ops", "linear", "fwdbwd_ms"), "<= 1.2 (info)", lambda v: v <= 1.2),
+    ("normalized / linear on the same L2-normalized q, k (F.normalize) forward+backward",
+     ("ops", "normalized", "fwdbwd_ms"), ("ops", "linear_l2", "fwdbwd_ms"), "<= 1.2 (info)", lambda v: v <= 1.2),
+    ("normalized / linear on the same L2-normalized q, k (ula's L2 kernels) forward+backward",
+     ("ops", "normalized", "fwdbwd_ms"), ("ops", "linear_l2_fused", "fwdbwd_ms"), "<= 1.2 (info)",
+     lambda v: v <= 1.2),
 ]
 
 

@@ -9,7 +9,10 @@ Inputs: q, k ~ N(0, 1/K), v ~ N(0, 1); log decays logsigmoid(N(4, 1)) in float32
 for the constant kind); mLSTM gate pre-activations i ~ N(-2, 1), f ~ N(4, 1); GSA write strengths s ~ N(0, 1)
 and slot forget gates as the log decays, m slots. "normalized_pos" has positive q, k and a = 0, b = 1
 without L2 norm: o_t = Σ (q_t·k_n) v_n / Σ q_t·k_n, what fla's chunk_linear_attn(normalize=True) computes;
-"normalized_nol2" is "normalized" (a = b = 1) without the L2 norm of q and k (paper 001's Eq. 22 is optional).
+"normalized_nol2" is "normalized" (a = b = 1) without the L2 norm of q and k (paper 001's Eq. 22 is optional);
+"linear_l2" is plain linear attention on the same L2-normalized q, k as "normalized", the norm by F.normalize, as a
+user would write it: "normalized" minus its normalizer; "linear_l2_fused" the same with the norm by ula's own L2
+kernels (ula/ops/_l2norm.py; F.normalize off CUDA).
 TFLA (mlstm-kernels) takes [B, H, T, D]: `make_tfla` builds its inputs in that layout, so no transpose is
 timed."""
 import torch
@@ -62,6 +65,14 @@ def make(op, B, T, H, K, V, device, dtype, m=64, initial_state=False, seed=0):
     return {n: t.contiguous().requires_grad_() for n, t in x.items()}
 
 
+def _l2_pair(q, k):
+    """q, k L2-normalized by ula's Triton kernels on CUDA (F.normalize elsewhere)."""
+    if not q.is_cuda:
+        return F.normalize(q, dim=-1), F.normalize(k, dim=-1)
+    from ula.ops._l2norm import l2_normalize
+    return l2_normalize(q, k)
+
+
 def ours(op, chunk_size=None, backend="auto"):
     """fn(x) -> o of ula's op on the inputs of `make(op, ...)`."""
     kw = dict(backend=backend)
@@ -72,6 +83,9 @@ def ours(op, chunk_size=None, backend="auto"):
                                               **kw)[0]
     calls = {
         "linear": lambda x: ula.linear_attention(x["q"], x["k"], x["v"], **kw)[0],
+        "linear_l2": lambda x: ula.linear_attention(F.normalize(x["q"], dim=-1), F.normalize(x["k"], dim=-1), x["v"],
+                                                    **kw)[0],
+        "linear_l2_fused": lambda x: ula.linear_attention(*_l2_pair(x["q"], x["k"]), x["v"], **kw)[0],
         "gla": lambda x: ula.gla(x["q"], x["k"], x["v"], x["g"], **kw)[0],
         "mlstm_sig": lambda x: ula.mlstm(x["q"], x["k"], x["v"], x["i"], x["f"], "sig", **kw)[0],
         "mlstm_exp": lambda x: ula.mlstm(x["q"], x["k"], x["v"], x["i"], x["f"], "exp", **kw)[0],
