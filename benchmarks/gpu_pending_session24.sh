@@ -21,11 +21,11 @@ case "$PART" in
    for X in late plain late,plain; do run ULA_EXP_DIVB=$X python3 $PROF normalized,normalized_nol2; done
    for C in 8,3 4,1 4,2 8,2; do run ULA_EXP_DIVB_CFG=$C python3 $PROF normalized,normalized_nol2; done
    run ULA_EXP_DIVB=late,plain ULA_EXP_DIVB_CFG=8,2 python3 $PROF normalized,normalized_nol2 ;;
-4) run python3 benchmarks/gpu_families_vs_peers.py --sections ops --peers none --rounds 3 --graph --budget-s 200 \
-       --ours normalized,linear,normalized_nol2,linear_l2,linear_l2_fused --out "$OUT/fam_l2"
-   run python3 $PROF normalized,linear,linear_l2,linear_l2_fused ;;
 3) for X in nomm nosum nomm,nosum nomm,nosum,plain; do
      run ULA_EXP_DIVB=$X ULA_EXP_DIVB_CFG=4,1 python3 $PROF normalized_nol2
    done ;;
+4) run python3 benchmarks/gpu_families_vs_peers.py --sections ops --peers none --rounds 3 --graph --budget-s 200 \
+       --ours normalized,linear,normalized_nol2,linear_l2,linear_l2_fused --out "$OUT/fam_l2"
+   run python3 $PROF normalized,linear,linear_l2,linear_l2_fused ;;
 esac
 echo "### done" >> "$LOG"

@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 
 import ula
+from ula.ops.normalized import _normed  # the L2 norm normalized attention applies (its kernels, or F.normalize)
 
 CORE_KINDS = ("none", "constant", "scalar", "vector")
 FAMILIES = ("gla", "mlstm_sig", "mlstm_exp", "gsa", "normalized", "linear")
@@ -65,14 +66,6 @@ def make(op, B, T, H, K, V, device, dtype, m=64, initial_state=False, seed=0):
     return {n: t.contiguous().requires_grad_() for n, t in x.items()}
 
 
-def _l2_pair(q, k):
-    """q, k L2-normalized by ula's Triton kernels on CUDA (F.normalize elsewhere)."""
-    if not q.is_cuda:
-        return F.normalize(q, dim=-1), F.normalize(k, dim=-1)
-    from ula.ops._l2norm import l2_normalize
-    return l2_normalize(q, k)
-
-
 def ours(op, chunk_size=None, backend="auto"):
     """fn(x) -> o of ula's op on the inputs of `make(op, ...)`."""
     kw = dict(backend=backend)
@@ -83,9 +76,8 @@ def ours(op, chunk_size=None, backend="auto"):
                                               **kw)[0]
     calls = {
         "linear": lambda x: ula.linear_attention(x["q"], x["k"], x["v"], **kw)[0],
-        "linear_l2": lambda x: ula.linear_attention(F.normalize(x["q"], dim=-1), F.normalize(x["k"], dim=-1), x["v"],
-                                                    **kw)[0],
-        "linear_l2_fused": lambda x: ula.linear_attention(*_l2_pair(x["q"], x["k"]), x["v"], **kw)[0],
+        "linear_l2": lambda x: ula.linear_attention(*_normed(x["q"], x["k"], False), x["v"], **kw)[0],
+        "linear_l2_fused": lambda x: ula.linear_attention(*_normed(x["q"], x["k"], x["q"].is_cuda), x["v"], **kw)[0],
         "gla": lambda x: ula.gla(x["q"], x["k"], x["v"], x["g"], **kw)[0],
         "mlstm_sig": lambda x: ula.mlstm(x["q"], x["k"], x["v"], x["i"], x["f"], "sig", **kw)[0],
         "mlstm_exp": lambda x: ula.mlstm(x["q"], x["k"], x["v"], x["i"], x["f"], "exp", **kw)[0],
