@@ -7,8 +7,9 @@ from .chunk_torch import chunk_recurrence
 
 
 def chunk_fn(backend, device):
-    """F for backend "auto" | "torch" | "triton" on this device."""
-    if backend == "torch" or (backend == "auto" and device.type != "cuda"):
+    """F for backend "auto" | "torch" | "triton" | "reference" on this device ("reference": the PyTorch F for what the
+    families run around the core, whose own call then takes the float64 recurrence)."""
+    if backend in ("torch", "reference") or (backend == "auto" and device.type != "cuda"):
         return chunk_recurrence
     try:
         from .triton import chunk_recurrence_triton
