@@ -39,10 +39,15 @@ def _kinds():
     return KINDS
 
 
+def _items(text):
+    """The items of a comma-separated list, stripped, empty ones dropped ("a, b," -> ["a", "b"])."""
+    return [t.strip() for t in text.split(",") if t.strip()]
+
+
 def _listed(text, allowed=None):
     """text itself if it is a comma-separated list of one or more names of allowed() (or, with no allowed,
-    of integers >= 1); else None."""
-    items = [t.strip() for t in text.split(",") if t.strip()]
+    of integers >= 1); else None. Commands read the items with _items."""
+    items = _items(text)
     good = all(t in allowed() for t in items) if allowed else all(int(t) >= 1 for t in items)
     return text if items and good else None
 
@@ -122,7 +127,7 @@ def cmd_demo(args):
     if args.seeds is not None:
         kw["seeds"] = tuple(range(args.seeds))
     if args.mixers:
-        kw["mixers"] = tuple(m.strip() for m in args.mixers.split(",") if m.strip())
+        kw["mixers"] = tuple(_items(args.mixers))
         bad = [m for m in kw["mixers"] if m not in MIXERS]
         if bad:
             raise CLIError(f"unknown mixer(s) {bad}; choose from {sorted(MIXERS)}")
@@ -189,8 +194,8 @@ def cmd_bench(args):
     if pick_device(args.device, quiet=True).type == "cpu":
         _cpu_threads(args.threads)
     out = _out(args, "bench")
-    lens = [int(t) for t in args.seq_lens.split(",") if t] if args.seq_lens else None
-    run_bench(out, kinds=args.kinds.split(","), seq_lens=lens, batch=args.batch, heads=args.heads,
+    lens = [int(t) for t in _items(args.seq_lens)] if args.seq_lens else None
+    run_bench(out, kinds=_items(args.kinds), seq_lens=lens, batch=args.batch, heads=args.heads,
               head_dim=args.head_dim, peers=not args.no_peers, device=args.device, reps=args.reps)
     return 0
 
@@ -200,12 +205,12 @@ def build_parser():
                 "kernel benchmarks.")
     sub = p.add_subparsers(dest="command", metavar="{demo,train,generate,bench}")
 
-    d = sub.add_parser("demo", help="MQAR recall: every mixer vs softmax attention at equal width",
+    d = sub.add_parser("demo", help="MQAR recall: linear mixers vs softmax attention at equal width",
                        description="Multi-query associative recall (MQAR) generated on the fly; trains a small "
                        "2-layer model per mixer, prints accuracy and state size, writes results.json and mqar.png.")
     d.add_argument("--tiny", action="store_true", help="a few seconds' version (for tests)")
-    d.add_argument("--mixers", help="comma-separated mixers (default: linear,retnet,gla,mlstm_sig,mlstm_exp,gsa,"
-                   "normalized,softmax)")
+    d.add_argument("--mixers", help="comma-separated mixers of ula.layers.MIXERS (default: linear,retnet,gla,"
+                   "mlstm_sig,mlstm_exp,gsa,normalized,softmax; mamba2 and hgrn2 only when named)")
     d.add_argument("--num-kv", type=int, help="key-value pairs per sequence (default 8)")
     d.add_argument("--seq-len", type=int, help="sequence length (default prefix + 4 * num_kv; longer pads with "
                    "filler)")

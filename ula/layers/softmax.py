@@ -31,6 +31,9 @@ class SoftmaxAttentionLayer(Mixer):
     def __init__(self, d_model, n_heads=4, *, rope_base=10000.0, use_rope=True, chunk_size=None, backend="auto"):
         super().__init__()
         check_divisible("d_model", d_model, n_heads)
+        if use_rope and (d_model // n_heads) % 2:   # rotate-half RoPE pairs the two halves of each head
+            raise ValueError(f"head dim d_model / n_heads = {d_model // n_heads} must be even for the rotary "
+                             "embedding (RoPE; use_rope=False has none)")
         self.d_model, self.n_heads, self.rope_base, self.use_rope = d_model, n_heads, rope_base, use_rope
         self.chunk_size, self.backend = chunk_size, backend
         self.q_proj = nn.Linear(d_model, d_model, bias=False)

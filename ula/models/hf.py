@@ -5,9 +5,11 @@
     model = AutoModelForCausalLM.from_config(AutoConfig.for_model("ula", mixer="gla", d_model=256))
     model.generate(input_ids, max_new_tokens=20, do_sample=False)
 
-`UlaForCausalLM` wraps `ula.models.CausalLM` (as `.model`); its `past_key_values` is ula's `StateCache`
-(fixed-size recurrent states for the linear mixers), so `generate` prefills with the chunk path and
-then runs one recurrent step per token. Padding (attention_mask with zeros) is not supported."""
+`UlaForCausalLM` wraps `ula.models.CausalLM` (as `.model`); its cache is ula's `StateCache` (fixed-size
+recurrent states for the linear mixers), so `generate` prefills with the chunk path and then runs one
+recurrent step per token. forward takes the cache as `cache=` (transformers >= 5) or `past_key_values=`
+(4.x) and returns it under the name of the installed transformers' outputs. Padding (attention_mask with
+zeros) is not supported."""
 import dataclasses
 
 import torch
@@ -19,6 +21,8 @@ from .config import LMConfig
 from .lm import CausalLM, StateCache
 
 _DATACLASS_CONFIG = dataclasses.is_dataclass(PretrainedConfig)   # transformers >= 5
+# transformers 5 renamed the outputs' cache field to `cache`; generate reads the cache back under this name
+_CACHE = "cache" if "cache" in CausalLMOutputWithPast.__dataclass_fields__ else "past_key_values"
 _FIELDS = ("vocab_size", "d_model", "n_layers", "n_heads", "mixer", "mlp_ratio", "mlp_multiple_of",
            "logit_softcap", "norm_eps", "init_std", "mixer_kwargs")
 
@@ -96,27 +100,34 @@ class UlaForCausalLM(PreTrainedModel, GenerationMixin):
     def set_output_embeddings(self, value):
         self.model.lm_head = value
 
-    def forward(self, input_ids=None, past_key_values=None, attention_mask=None, labels=None, use_cache=None,
-                return_dict=None, **kwargs):
+    def forward(self, input_ids=None, cache=None, attention_mask=None, labels=None, use_cache=None,
+                return_dict=None, past_key_values=None, **kwargs):
         if attention_mask is not None and not bool(attention_mask.all()):
             raise ValueError("UlaForCausalLM does not support padding (attention_mask with zeros): the recurrent "
                              "state would absorb the pad tokens. Generate rows of equal length.")
-        cache = past_key_values if isinstance(past_key_values, StateCache) else None
+        cache = _state_cache(cache, past_key_values)
         logits, new_cache = self.model(input_ids, cache)
         loss = None
         if labels is not None:
             loss = F.cross_entropy(logits[:, :-1].flatten(0, 1).float(), labels[:, 1:].flatten(), ignore_index=-100)
         return CausalLMOutputWithPast(loss=loss, logits=logits,
-                                      past_key_values=new_cache if use_cache is not False else None)
+                                      **{_CACHE: new_cache if use_cache is not False else None})
 
-    def prepare_inputs_for_generation(self, input_ids, past_key_values=None, attention_mask=None, use_cache=True,
-                                      **kwargs):
-        if isinstance(past_key_values, StateCache):
-            input_ids = input_ids[:, past_key_values.seen_tokens:]   # only the tokens the cache has not seen
-        else:
-            past_key_values = None
-        return {"input_ids": input_ids, "past_key_values": past_key_values, "attention_mask": attention_mask,
-                "use_cache": use_cache}
+    def prepare_inputs_for_generation(self, input_ids, cache=None, attention_mask=None, use_cache=True,
+                                      past_key_values=None, **kwargs):
+        cache = _state_cache(cache, past_key_values)
+        if cache is not None:
+            input_ids = input_ids[:, cache.seen_tokens:]   # only the tokens the cache has not seen
+        return {"input_ids": input_ids, _CACHE: cache, "attention_mask": attention_mask, "use_cache": use_cache}
+
+
+def _state_cache(cache, past_key_values):
+    """The StateCache given under either name (transformers 5 passes `cache`, 4.x `past_key_values`), else None:
+    anything else (an empty HF Cache) means no past."""
+    for c in (cache, past_key_values):
+        if isinstance(c, StateCache):
+            return c
+    return None
 
 
 def register():

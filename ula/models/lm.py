@@ -68,6 +68,13 @@ class Block(nn.Module):
 class StateCache:
     """One mixer state per block plus the number of tokens seen. For the linear mixers each state has a
     size fixed by the model (not by the number of tokens); softmax attention keeps its growing KV cache."""
+    # asked by transformers' generate of a cache passed in: no torch.compile of the steps, and no slicing of the
+    # prompt by generate (the wrapper's prepare_inputs_for_generation drops the seen tokens itself)
+    is_compileable = False
+
+    @property
+    def is_linear(self):
+        return [True] * len(self.states)
 
     def __init__(self, states, seen_tokens=0):
         self.states = list(states)
@@ -119,14 +126,21 @@ def _round_up(n, m):
     return -(-n // m) * m
 
 
+def _check_top_k(top_k):
+    if top_k is not None and top_k < 0:
+        raise ValueError(f"top_k must be >= 1, or 0 / None for no top-k cut; got {top_k}")
+
+
 def sample_next(logits, temperature=1.0, top_k=None, top_p=None, greedy=False, generator=None):
     """Next tokens [B] from logits [B, V]: argmax if greedy (or temperature 0), else a draw from
     softmax(logits / temperature) restricted to the top_k tokens and to the smallest set whose
-    probability reaches top_p (nucleus)."""
+    probability reaches top_p (nucleus). top_k None or 0: no top-k cut (as `ula generate --top-k 0`);
+    a negative top_k raises ValueError."""
+    _check_top_k(top_k)
     if greedy or temperature == 0:
         return logits.argmax(-1)
     logits = logits.float() / temperature
-    if top_k is not None and top_k < logits.shape[-1]:
+    if top_k and top_k < logits.shape[-1]:
         kth = torch.topk(logits, top_k, -1).values[..., -1:]
         logits = logits.masked_fill(logits < kth, float("-inf"))
     if top_p is not None and top_p < 1.0:
@@ -256,7 +270,9 @@ class CausalLM(nn.Module):
         cuda_graph (default: True on CUDA, False elsewhere): decode from a StaticStateCache of T + new
         tokens, one CUDA-graph replay per token (the same steps; the returned cache is then the static
         one). Where CUDA graphs cannot be used (no CUDA device, or the capture fails), a warning says why
-        and decoding goes on eagerly."""
+        and decoding goes on eagerly. temperature, top_k, top_p, greedy, generator: as in `sample_next`
+        (top_k None or 0: no top-k cut)."""
+        _check_top_k(top_k)   # before the prefill, not after it
         logits, cache = self(input_ids)
         last = logits[:, -1]
         out = [input_ids]

@@ -5,6 +5,7 @@ flushed to disk and renamed into place (`files.atomic_dir`): a failed save leave
 checkpoint as it was."""
 import glob
 import os
+import re
 
 import torch
 
@@ -36,11 +37,13 @@ def find(path):
                               f"or one of its checkpoints/step-NNNNNN/ folders")
     if os.path.exists(os.path.join(path, "config.json")):
         return path
-    steps = sorted(glob.glob(os.path.join(path, "checkpoints", "step-*[0-9]")))
+    # by step number, not name: step-1000000 has one digit more than step-999900
+    steps = sorted((int(m[1]), f) for f in glob.glob(os.path.join(glob.escape(path), "checkpoints", "step-*[0-9]"))
+                   if (m := re.fullmatch(r"step-(\d+)", os.path.basename(f))))
     if not steps:
         raise CheckpointError(f"no checkpoint in {path!r} (expected config.json there, or "
                               f"checkpoints/step-NNNNNN/ under a run folder)")
-    return steps[-1]
+    return steps[-1][1]
 
 
 def check_shape(saved: LMConfig, wanted: LMConfig, where):

@@ -152,15 +152,14 @@ def train(given, out_dir=None, resume=None, device="auto", quiet=False):
         ckpt.restore_rng(trainer["rng"])
     net = cp.wrap(model, dev)
     amp = torch.autocast("cuda", dtype=torch.bfloat16) if dev.type == "cuda" else nullcontext()
-    if d.main:
-        os.makedirs(out_dir, exist_ok=True)
-        if not quiet:
-            print(f"ula train: {cfg.mixer}, d_model {cfg.d_model}, {cfg.n_layers} layers, {cfg.n_heads} heads, "
-                  f"{model.num_parameters() / 1e6:.2f}M parameters on {dev}"
-                  f"{f' x {d.world} ranks' if d.world > 1 else ''}"
-                  f"{f' ({cp.n} per sequence: context parallel)' if cp.n > 1 else ''}; corpus {name}: "
-                  f"{len(tr)} train / "
-                  f"{len(val)} validation bytes; steps {start}..{a['steps']}; out {out_dir}")
+    # out_dir is made by the first checkpoint save, so a run whose model fails before then leaves no empty folder
+    if d.main and not quiet:
+        print(f"ula train: {cfg.mixer}, d_model {cfg.d_model}, {cfg.n_layers} layers, {cfg.n_heads} heads, "
+              f"{model.num_parameters() / 1e6:.2f}M parameters on {dev}"
+              f"{f' x {d.world} ranks' if d.world > 1 else ''}"
+              f"{f' ({cp.n} per sequence: context parallel)' if cp.n > 1 else ''}; corpus {name}: "
+              f"{len(tr)} train / "
+              f"{len(val)} validation bytes; steps {start}..{a['steps']}; out {out_dir}")
 
     def save(step):
         if d.main:
