@@ -111,6 +111,8 @@ def _backward_unfused(F, q, k, v, ld, rd, h0, o, do, dS, scale, cu, rev, C, need
     # backend may ask for those two passes in a wider dtype (float64 on the PyTorch path, where float32
     # loses ~1e-5; float32 matmuls on the Triton path, where bfloat16 operands lose ~1e-2)
     wide = getattr(F, "constant_decay_grad_dtype", None) if (need_ld and ld.dim() == 1) else None
+    if wide is not None:  # wider only: float64 inputs keep float64 on a backend that asks for float32
+        wide = torch.promote_types(wide, q.dtype)
     w = (lambda x: None if x is None else x.to(wide)) if wide is not None else (lambda x: x)  # noqa: E731
     # scaled dO in the dtype of do (its matmul operands are half precision anyway), wider where a pass is
     dos = do.to(wide or (torch.float64 if q.dtype == torch.float64 else do.dtype)) * scale

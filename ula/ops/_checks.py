@@ -2,8 +2,9 @@
 
 The core checks q, k, v, cu_seqlens, chunk_size, backend and scale (`check_sequence`); these add the
 family-specific arguments (gates, coefficients, state tuples) and the one-token `*_step` functions, which
-never reach the core's checks. Shape and dtype checks read metadata only; value checks (a log gate must be
-finite and <= 0) follow the core's policy (ula.core.checks.check_values)."""
+never reach the core's checks. Shape, dtype and device checks read metadata only (every tensor must be on the
+device of q); value checks (a log gate must be finite and <= 0) follow the core's policy
+(ula.core.checks.check_values)."""
 import torch
 
 from ..core.checks import check_linear_attention, check_values
@@ -23,9 +24,16 @@ def num_sequences(q, cu_seqlens):
     return q.shape[0] if cu_seqlens is None else cu_seqlens.numel() - 1
 
 
-def check_float(op, name, x, shape, what, *, log_gate=False, nonneg=False, nonpos=False):
-    """x must be a floating tensor of exactly `shape` (what: its symbolic form, e.g. "[B, T, H, K]").
-    log_gate / nonpos: finite and <= 0. nonneg: finite and >= 0."""
+def check_device(op, name, x, device):
+    """x on `device` (q's): checked here, since the core would name its own internal arguments, or torch fail
+    deep inside an op."""
+    if x.device != device:
+        raise ValueError(f"{op}: {name} must be on the device of q ({device}), got {x.device}")
+
+
+def check_float(op, name, x, shape, what, *, device, log_gate=False, nonneg=False, nonpos=False, finite=False):
+    """x must be a floating tensor of exactly `shape` (what: its symbolic form, e.g. "[B, T, H, K]") on `device`
+    (q's). log_gate / nonpos: finite and <= 0. nonneg: finite and >= 0. finite: finite."""
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"{op}: {name} must be a {what} = {tuple(shape)} floating-point torch.Tensor, "
                         f"got {type(x).__name__}")
@@ -34,24 +42,28 @@ def check_float(op, name, x, shape, what, *, log_gate=False, nonneg=False, nonpo
                         f"got {x.dtype}")
     if tuple(x.shape) != tuple(shape):
         raise ValueError(f"{op}: {name} must be {what} = {tuple(shape)}, got {_desc(x)}")
-    if (log_gate or nonneg or nonpos) and check_values(x):
-        bad = ~torch.isfinite(x) | ((x < 0) if nonneg else (x > 0))
+    check_device(op, name, x, device)
+    if (log_gate or nonneg or nonpos or finite) and check_values(x):
+        bad = ~torch.isfinite(x)
+        if log_gate or nonneg or nonpos:
+            bad = bad | ((x < 0) if nonneg else (x > 0))
         if bool(bad.any()):
             idx = tuple(bad.nonzero()[0].tolist())
             need = ("a log gate, finite and <= 0 (gate in (0, 1])" if log_gate else
-                    "finite and >= 0" if nonneg else "finite and <= 0")
+                    "finite and >= 0" if nonneg else "finite and <= 0" if nonpos else "finite")
             raise ValueError(f"{op}: {name} must be {need}; got {x[idx].item()} at index {idx}")
 
 
-def check_state_tuple(op, state, parts):
-    """state: a tuple/list with len(parts) tensors; parts: [(name, shape, what)]."""
+def check_state_tuple(op, state, parts, *, device, finite=()):
+    """state: a tuple/list with len(parts) tensors on `device`; parts: [(name, shape, what)]; finite: the names
+    of parts whose values must be finite (checked as the core checks values)."""
     names = ", ".join(f"{n} {w}" for n, _, w in parts)
     if not (isinstance(state, (tuple, list)) and len(state) == len(parts)):
         got = f"a {type(state).__name__} of length {len(state)}" if isinstance(state, (tuple, list)) \
             else type(state).__name__
         raise ValueError(f"{op}: initial_state / state must be a tuple ({names}), got {got}")
     for j, (x, (n, shape, what)) in enumerate(zip(state, parts)):
-        check_float(op, f"state[{j}] ({n})", x, shape, what)
+        check_float(op, f"state[{j}] ({n})", x, shape, what, device=device, finite=n in finite)
 
 
 def check_step_qkv(op, q, k, v, *, k_name="k"):
@@ -70,8 +82,9 @@ def check_step_qkv(op, q, k, v, *, k_name="k"):
     for name, x in ((k_name, k), ("v", v)):
         if x.dtype != q.dtype:
             raise TypeError(f"{op}: {name} must have the dtype of q ({q.dtype}), got {x.dtype}")
+        check_device(op, name, x, q.device)
 
 
-def check_step_state(op, state, shape, what="[B, H, K, V]", name="state"):
+def check_step_state(op, state, shape, what="[B, H, K, V]", name="state", *, device):
     if state is not None:
-        check_float(op, name, state, shape, what)
+        check_float(op, name, state, shape, what, device=device)

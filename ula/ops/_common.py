@@ -26,10 +26,10 @@ def recurrent_step(q, k, v, ld=None, rd=None, state=None, scale=None):
     if ld is not None:
         shapes = {1: ((H,), "[H]"), 2: ((B, H), "[B, H]"), 3: ((B, H, K), "[B, H, K]")}
         shape, what = shapes.get(ld.dim() if isinstance(ld, torch.Tensor) else 3, shapes[3])
-        check_float(op, "ld", ld, shape, what + " (None, [H], [B, H] or [B, H, K])")
+        check_float(op, "ld", ld, shape, what + " (None, [H], [B, H] or [B, H, K])", device=q.device)
     if rd is not None:
-        check_float(op, "rd", rd, (B, H, v.shape[-1]), "None or [B, H, V]")
-    check_step_state(op, state, (B, H, K, v.shape[-1]))
+        check_float(op, "rd", rd, (B, H, v.shape[-1]), "None or [B, H, V]", device=q.device)
+    check_step_state(op, state, (B, H, K, v.shape[-1]), device=q.device)
     return _step(q, k, v, ld, rd, state, scale)
 
 

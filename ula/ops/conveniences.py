@@ -41,7 +41,8 @@ def retention(q, k, v, ld=None, *, scale=None, initial_state=None, output_final_
     ld = log λ [H] (<= 0; learnable: its gradient is returned); None uses RetNet's 1 − 2^(−5−h)."""
     check_sequence(q, k, v, cu_seqlens, chunk_size, backend, scale)
     if ld is not None:
-        check_float("retention", "ld", ld, (q.shape[2],), "[H] (log decay per head)", log_gate=True)
+        check_float("retention", "ld", ld, (q.shape[2],), "[H] (log decay per head)", device=q.device,
+                    log_gate=True)
     if ld is None:
         ld = retnet_log_decay(q.shape[2], q.device)
     return linear_attention(q, k, v, ld.to(decay_dtype(q)), scale=scale, initial_state=initial_state,
@@ -49,9 +50,9 @@ def retention(q, k, v, ld=None, *, scale=None, initial_state=None, output_final_
                             chunk_size=chunk_size, backend=backend)
 
 
-def _check_mamba2(op, dt, A, dt_shape, dt_what):
-    check_float(op, "dt", dt, dt_shape, dt_what + " (step sizes, after softplus)", nonneg=True)
-    check_float(op, "A", A, (dt_shape[-1],), "[H] (A <= 0)", nonpos=True)
+def _check_mamba2(op, dt, A, dt_shape, dt_what, device):
+    check_float(op, "dt", dt, dt_shape, dt_what + " (step sizes, after softplus)", device=device, nonneg=True)
+    check_float(op, "A", A, (dt_shape[-1],), "[H] (A <= 0)", device=device, nonpos=True)
 
 
 def _mamba2_inputs(k, dt, A):
@@ -65,7 +66,7 @@ def mamba2(q, k, v, dt, A, *, scale=1.0, initial_state=None, output_final_state=
     with q = C, k = B, v = x. dt = Δ [B, T, H] (>= 0, already through softplus), A [H] (< 0).
     scale defaults to 1 (Mamba2 has none). The D·x skip connection is left to the layer."""
     check_sequence(q, k, v, cu_seqlens, chunk_size, backend, scale)
-    _check_mamba2("mamba2", dt, A, q.shape[:3], "[B, T, H]")
+    _check_mamba2("mamba2", dt, A, q.shape[:3], "[B, T, H]", q.device)
     kk, ld = _mamba2_inputs(k, dt, A)
     return linear_attention(q, kk, v, ld, scale=scale, initial_state=initial_state,
                             output_final_state=output_final_state, cu_seqlens=cu_seqlens,
@@ -78,7 +79,8 @@ def hgrn2(q, v, g, *, scale=1.0, initial_state=None, output_final_state=False, c
     [B, T, H, K] (<= 0) and the key tied to the forget gate, k = 1 − λ (computed as −expm1(g)).
     scale defaults to 1."""
     check_sequence(q, q, v, cu_seqlens, chunk_size, backend, scale)
-    check_float("hgrn2", "g", g, q.shape, "[B, T, H, K] (log forget gate, the shape of q)", log_gate=True)
+    check_float("hgrn2", "g", g, q.shape, "[B, T, H, K] (log forget gate, the shape of q)", device=q.device,
+                log_gate=True)
     g = g.to(decay_dtype(q))
     return linear_attention(q, (-torch.expm1(g)).to(q.dtype), v, g, scale=scale, initial_state=initial_state,
                             output_final_state=output_final_state, cu_seqlens=cu_seqlens,
@@ -88,26 +90,26 @@ def hgrn2(q, v, g, *, scale=1.0, initial_state=None, output_final_state=False, c
 def linear_attn_step(q, k, v, state=None, *, scale=None):
     """One decoding step of `linear_attn`: q, k [B, H, K], v [B, H, V]."""
     check_step_qkv("linear_attn_step", q, k, v)
-    check_step_state("linear_attn_step", state, q.shape + v.shape[-1:])
+    check_step_state("linear_attn_step", state, q.shape + v.shape[-1:], device=q.device)
     return _step(q, k, v, None, None, state, scale)
 
 
 def retention_step(q, k, v, ld=None, state=None, *, scale=None):
     """One decoding step of `retention` (ld [H], None for RetNet's decays)."""
     check_step_qkv("retention_step", q, k, v)
-    check_step_state("retention_step", state, q.shape + v.shape[-1:])
+    check_step_state("retention_step", state, q.shape + v.shape[-1:], device=q.device)
     if ld is None:
         ld = retnet_log_decay(q.shape[1], q.device)
-    check_float("retention_step", "ld", ld, (q.shape[1],), "[H] (log decay per head)")
+    check_float("retention_step", "ld", ld, (q.shape[1],), "[H] (log decay per head)", device=q.device)
     return _step(q, k, v, ld, None, state, scale)
 
 
 def mamba2_step(q, k, v, dt, A, state=None, *, scale=1.0):
     """One decoding step of `mamba2`: q = C, k = B [B, H, N], v = x [B, H, P], dt [B, H], A [H]."""
     check_step_qkv("mamba2_step", q, k, v)
-    check_step_state("mamba2_step", state, q.shape + v.shape[-1:], "[B, H, N, P]")
-    check_float("mamba2_step", "dt", dt, q.shape[:2], "[B, H] (step sizes, after softplus)")
-    check_float("mamba2_step", "A", A, q.shape[1:2], "[H] (A <= 0)")
+    check_step_state("mamba2_step", state, q.shape + v.shape[-1:], "[B, H, N, P]", device=q.device)
+    check_float("mamba2_step", "dt", dt, q.shape[:2], "[B, H] (step sizes, after softplus)", device=q.device)
+    check_float("mamba2_step", "A", A, q.shape[1:2], "[H] (A <= 0)", device=q.device)
     kk, ld = _mamba2_inputs(k, dt, A)
     return _step(q, kk, v, ld, None, state, scale)
 
@@ -115,6 +117,6 @@ def mamba2_step(q, k, v, dt, A, state=None, *, scale=1.0):
 def hgrn2_step(q, v, g, state=None, *, scale=1.0):
     """One decoding step of `hgrn2`: q, g [B, H, K], v [B, H, V]."""
     check_step_qkv("hgrn2_step", q, q, v)
-    check_step_state("hgrn2_step", state, q.shape + v.shape[-1:])
-    check_float("hgrn2_step", "g", g, q.shape, "[B, H, K] (log forget gate, the shape of q)")
+    check_step_state("hgrn2_step", state, q.shape + v.shape[-1:], device=q.device)
+    check_float("hgrn2_step", "g", g, q.shape, "[B, H, K] (log forget gate, the shape of q)", device=q.device)
     return _step(q, (-torch.expm1(g.to(decay_dtype(q)))).to(q.dtype), v, g, None, state, scale)

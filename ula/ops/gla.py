@@ -21,7 +21,8 @@ def gla(q, k, v, g, *, scale=None, initial_state=None, output_final_state=False,
     scale defaults to K ** -0.5. States [B, H, K, V] float32 ([N, H, K, V] with cu_seqlens).
     Returns (o [B, T, H, V], final state or None)."""
     check_sequence(q, k, v, None if cp_group is not None else cu_seqlens, chunk_size, backend, scale)
-    check_float("gla", "g", g, q.shape, "[B, T, H, K] (log forget gate, the shape of q)", log_gate=True)
+    check_float("gla", "g", g, q.shape, "[B, T, H, K] (log forget gate, the shape of q)", device=q.device,
+                log_gate=True)
     parse(precision, "gla: precision")
     return linear_attention(q, k, v, g.to(decay_dtype(q)), scale=scale, initial_state=initial_state,
                             output_final_state=output_final_state, cu_seqlens=cu_seqlens,
@@ -32,6 +33,6 @@ def gla_step(q, k, v, g, state=None, *, scale=None):
     """One decoding step: q, k, g [B, H, K], v [B, H, V], state [B, H, K, V] or None.
     Returns (o [B, H, V], new state)."""
     check_step_qkv("gla_step", q, k, v)
-    check_float("gla_step", "g", g, q.shape, "[B, H, K] (log forget gate, the shape of q)")
-    check_step_state("gla_step", state, q.shape + v.shape[-1:])
+    check_float("gla_step", "g", g, q.shape, "[B, H, K] (log forget gate, the shape of q)", device=q.device)
+    check_step_state("gla_step", state, q.shape + v.shape[-1:], device=q.device)
     return _step(q, k, v, g, None, state, scale)

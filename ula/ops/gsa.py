@@ -41,15 +41,15 @@ def _check_gsa(op, q, v, s, g, state, N, dim, step, n_state=2, s_name="s"):
                          f"got shape {tuple(ref.shape)}")
     m = ref.shape[-1]
     if s is not None:
-        check_float(op, s_name, s, lead + (m,), what + " (m slots)")
+        check_float(op, s_name, s, lead + (m,), what + " (m slots)", device=q.device)
     if g is not None:
         check_float(op, "g", g, lead + (m,), what + " (log forget gate, m slots)" +
-                    (", the shape of s" if s is not None else ""), log_gate=not step)
+                    (", the shape of s" if s is not None else ""), device=q.device, log_gate=not step)
     if state is not None:
         H, K, V = q.shape[-2], q.shape[-1], v.shape[-1]
         parts = [("K̃ᵀ", (N, H, K, m), f"[{dim}, H, K, m]"), ("Ṽ", (N, H, m, V), f"[{dim}, H, m, V]"),
                  ("log Σ exp w", (N, H, m), f"[{dim}, H, m]")]
-        check_state_tuple(op, state, parts[:n_state])
+        check_state_tuple(op, state, parts[:n_state], device=q.device)
 
 
 def _prep(q, s, g, wide=False):

@@ -58,22 +58,25 @@ def _check_variant(op, variant):
         raise ValueError(f"{op}: variant must be one of {VARIANTS}, got {variant!r}")
 
 
-def _check_gates(op, shape, what, i, f):
+def _check_gates(op, shape, what, i, f, device, values):
+    """values: i, f must be finite (any finite size works, e.g. i = +60, f = -30), checked here on the user's
+    tensors: a bad value would otherwise surface in the core under its internal names (ld, key_gate)."""
     for name, x in (("i", i), ("f", f)):
-        check_float(op, f"{name} (gate pre-activation)", x, shape, what)
+        check_float(op, f"{name} (gate pre-activation)", x, shape, what, device=device, finite=values)
 
 
-def _check_state(op, variant, state, N, H, K, V, dim="B"):
+def _check_state(op, variant, state, N, H, K, V, device, dim="B", values=False):
+    """values: the max state m must be finite (as the gates must)."""
     if state is None:
         return
     if variant == "sig":
         if not isinstance(state, torch.Tensor):
             raise TypeError(f"{op}: the state for variant='sig' must be one tensor C [{dim}, H, K, V] = "
                             f"{(N, H, K, V)}, got {type(state).__name__}")
-        check_float(op, "state (C)", state, (N, H, K, V), f"[{dim}, H, K, V]")
+        check_float(op, "state (C)", state, (N, H, K, V), f"[{dim}, H, K, V]", device=device)
     else:
         check_state_tuple(op, state, [("C", (N, H, K, V), f"[{dim}, H, K, V]"), ("n", (N, H, K), f"[{dim}, H, K]"),
-                                      ("m", (N, H), f"[{dim}, H]")])
+                                      ("m", (N, H), f"[{dim}, H]")], device=device, finite=("m",) if values else ())
 
 
 def _straight_through_nonpositive(x):
@@ -128,9 +131,9 @@ def _check_inputs(q, k, v, i, f, variant, initial_state, cu_seqlens, chunk_size,
     if cp:
         from ..core.context_parallel import check_global_cu
         check_global_cu(cu_seqlens, q.shape[0])
-    _check_gates("mlstm", q.shape[:3], "[B, T, H]", i, f)
-    _check_state("mlstm", variant, initial_state, num_sequences(q, cu_seqlens), *q.shape[2:], v.shape[-1],
-                 "B" if cu_seqlens is None else "N")
+    _check_gates("mlstm", q.shape[:3], "[B, T, H]", i, f, q.device, True)
+    _check_state("mlstm", variant, initial_state, num_sequences(q, cu_seqlens), *q.shape[2:], v.shape[-1], q.device,
+                 "B" if cu_seqlens is None else "N", True)
 
 
 def mlstm(q, k, v, i, f, variant="exp", *, eps=1e-6, scale=None, initial_state=None, output_final_state=False,
@@ -282,8 +285,9 @@ def mlstm_step(q, k, v, i, f, state=None, variant="exp", *, eps=1e-6, scale=None
     (or None for zeros). Returns (h [B, H, V], new state)."""
     _check_variant("mlstm_step", variant)
     check_step_qkv("mlstm_step", q, k, v)
-    _check_gates("mlstm_step", q.shape[:2], "[B, H]", i, f)
-    _check_state("mlstm_step", variant, state, *q.shape, v.shape[-1])
+    # no value checks in a decoding step, as in the other *_step functions
+    _check_gates("mlstm_step", q.shape[:2], "[B, H]", i, f, q.device, False)
+    _check_state("mlstm_step", variant, state, *q.shape, v.shape[-1], q.device)
     dt = state_dtype(q)
     if variant == "sig":
         ks = k * torch.sigmoid(i.to(dt)).unsqueeze(-1).to(k.dtype)

@@ -33,8 +33,16 @@ from ..core.backends import chunk_fn, runs_fused
 from ..core.checks import check_linear_attention
 from ..core.ones import fast_path, linear_attention_with_ones, with_ones_column
 from ..core.time_scan import scan_time
-from ._checks import check_sequence, check_step_qkv, check_step_state, num_sequences
+from ._checks import check_device, check_sequence, check_step_qkv, check_step_state, num_sequences
 from ._common import PackedLayout, _step, decay_dtype
+
+
+def _check_coefs(op, a, b, q):
+    """Tensors a, b on the device of q, like every other argument; a 0-d CPU tensor is the exception (moved to q's
+    device, as torch takes CPU scalars beside tensors of any device)."""
+    for name, x in (("a", a), ("b", b)):
+        if isinstance(x, torch.Tensor) and not (x.dim() == 0 and x.device.type == "cpu"):
+            check_device(op, name, x, q.device)
 
 
 def _coef(name, x, like):
@@ -122,14 +130,16 @@ def normalized_linear_attention(q, k, v, a=1.0, b=1.0, *, qk_l2_norm=True, eps=1
                                 output_final_state=False, cu_seqlens=None, chunk_size=None, backend="auto"):
     """Causal linear attention with kernel a + b x and normalization (paper 001, Eq. 4 and 22).
 
-    q, k [B, T, H, K]; v [B, T, H, V]; a, b floats or tensors ([] or [H], learnable: gradients flow).
-    No `scale` argument: b is the scale of q·k. initial_state / final state [B, H, K+1, V+1] float32
-    (see the module docstring for its layout). Returns (o [B, T, H, V], final state or None)."""
+    q, k [B, T, H, K]; v [B, T, H, V]; a, b floats or tensors ([] or [H], learnable: gradients flow) on the
+    device of q (a 0-d CPU tensor is also taken, and moved there). No `scale` argument: b is the scale of q·k.
+    initial_state / final state [B, H, K+1, V+1] float32 (see the module docstring for its layout).
+    Returns (o [B, T, H, V], final state or None)."""
     check_sequence(q, k, v, cu_seqlens, chunk_size, backend)
+    _check_coefs("normalized_linear_attention", a, b, q)
     if initial_state is not None:
         N, _, H, K = (num_sequences(q, cu_seqlens),) + tuple(q.shape[1:])
         check_step_state("normalized_linear_attention", initial_state, (N, H, K + 1, v.shape[-1] + 1),
-                         "[B, H, K + 1, V + 1] ([N, ...] with cu_seqlens)", name="initial_state")
+                         "[B, H, K + 1, V + 1] ([N, ...] with cu_seqlens)", name="initial_state", device=q.device)
     # the Triton backend (not float64, not under torch.compile): the L2 norm and the epilogue as fused kernels
     fused = decay_dtype(q) == torch.float32 and runs_fused(backend, q.device)
     K, V = k.shape[-1], v.shape[-1]
@@ -190,11 +200,13 @@ def _final_state(fin, last):
 
 
 def normalized_linear_attention_step(q, k, v, a=1.0, b=1.0, state=None, *, qk_l2_norm=True, eps=1e-6):
-    """One decoding step: q, k [B, H, K], v [B, H, V], state [B, H, K+1, V+1] or None.
-    Returns (o [B, H, V], new state)."""
-    check_step_qkv("normalized_linear_attention_step", q, k, v)
-    check_step_state("normalized_linear_attention_step", state, q.shape[:2] + (q.shape[2] + 1, v.shape[-1] + 1),
-                     "[B, H, K + 1, V + 1]")
+    """One decoding step: q, k [B, H, K], v [B, H, V], state [B, H, K+1, V+1] or None; a, b as in
+    `normalized_linear_attention`. Returns (o [B, H, V], new state)."""
+    op = "normalized_linear_attention_step"
+    check_step_qkv(op, q, k, v)
+    _check_coefs(op, a, b, q)
+    check_step_state(op, state, q.shape[:2] + (q.shape[2] + 1, v.shape[-1] + 1), "[B, H, K + 1, V + 1]",
+                     device=q.device)
     qa, ka, va = _augment(q, k, v, a, b, qk_l2_norm)
     o, S = _step(qa, ka, va, None, None, state, 1.0)
     return _divide(o[..., :-1], o[..., -1:], eps), S
