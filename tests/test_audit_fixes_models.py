@@ -60,10 +60,9 @@ def test_hf_generate_prefills_once_then_steps_with_the_cache(hf_model):
 
 
 def test_hf_forward_takes_the_cache_under_both_names(hf_model):
-    import transformers
+    from transformers.modeling_outputs import CausalLMOutputWithPast
     from ula.models import hf
-    if int(transformers.__version__.split(".")[0]) >= 5:
-        assert hf._CACHE == "cache"      # what transformers 5's generate reads back
+    assert hf._CACHE in CausalLMOutputWithPast.__dataclass_fields__  # the name generate reads back (5.x: "cache")
     ids = torch.randint(0, 50, (1, 9))
     with torch.no_grad():
         full = hf_model(ids).logits
@@ -78,11 +77,10 @@ def test_hf_forward_takes_the_cache_under_both_names(hf_model):
 @pytest.mark.parametrize("mixer", ["gla", "softmax"])
 def test_hf_generate_continues_from_a_cache_passed_in(mixer):
     """generate(ids, cache=<the StateCache of a prefix>) continues from it (transformers 5 asks the cache for
-    is_compileable and is_linear) and gives generate's tokens from scratch; the model sees only the unseen tokens."""
-    transformers = pytest.importorskip("transformers")
+    is_compileable and is_linear) and gives generate's tokens from scratch; the model sees only the unseen tokens.
+    The cache goes in under the name the installed transformers uses (cache= from 5.2x, past_key_values= before)."""
+    pytest.importorskip("transformers")
     import ula.models.hf as hf
-    if int(transformers.__version__.split(".")[0]) < 5:
-        pytest.skip("the cache= argument of generate is transformers 5's")
     from transformers import AutoConfig, AutoModelForCausalLM
     torch.manual_seed(0)
     cfg = AutoConfig.for_model("ula", mixer=mixer, d_model=32, n_layers=2, n_heads=2, vocab_size=50)
@@ -99,7 +97,7 @@ def test_hf_generate_continues_from_a_cache_passed_in(mixer):
         return inner(input_ids, cache, cu_seqlens)
 
     model.model.forward = spy
-    cont = model.generate(ids, cache=head, max_new_tokens=5, do_sample=False)
+    cont = model.generate(ids, max_new_tokens=5, do_sample=False, **{hf._CACHE: head})
     assert seen == [1] * 5
     assert torch.equal(cont, full)
 

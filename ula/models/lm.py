@@ -68,13 +68,16 @@ class Block(nn.Module):
 class StateCache:
     """One mixer state per block plus the number of tokens seen. For the linear mixers each state has a
     size fixed by the model (not by the number of tokens); softmax attention keeps its growing KV cache."""
-    # asked by transformers' generate of a cache passed in: no torch.compile of the steps, and no slicing of the
-    # prompt by generate (the wrapper's prepare_inputs_for_generation drops the seen tokens itself)
+    # asked by transformers' generate (5.2x) of a cache passed in: no torch.compile of the steps, and no slicing of
+    # the prompt by generate (the wrapper's prepare_inputs_for_generation drops the seen tokens itself)
     is_compileable = False
 
     @property
     def is_linear(self):
         return [True] * len(self.states)
+
+    def get_seq_length(self, layer_idx=0):  # what transformers' generate (5.1x) asks of a cache passed in
+        return self.seen_tokens
 
     def __init__(self, states, seen_tokens=0):
         self.states = list(states)
