@@ -1,6 +1,8 @@
 """backend="reference" in every family: the core's calls take the float64 step-by-step recurrence (never the Triton
 kernels, also where TRITON_INTERPRET=1 would let them run on the CPU), and the results are the PyTorch path's. Float32
 inputs: float64 ones never take the families' fused Triton paths."""
+import os
+
 import pytest
 import torch
 
@@ -54,3 +56,15 @@ def test_reference_backend_takes_the_recurrence(name, monkeypatch):
         assert (a is None) == (b is None)
         if a is not None:
             torch.testing.assert_close(a, b, rtol=2e-4, atol=2e-4)
+
+
+@pytest.mark.parametrize("dtype,want", [(torch.float64, torch.float64), (torch.float32, torch.float32),
+                                        (torch.bfloat16, torch.float32)])
+def test_final_state_dtype_is_the_same_on_every_backend(dtype, want):
+    """float32 states (float64 for float64 inputs) from every backend: a float64 gradcheck of the final state needs
+    the reference to keep float64 too."""
+    backends = ["torch", "reference"] + (["triton"] if os.environ.get("TRITON_INTERPRET") == "1" else [])
+    q, k, v, _ = _inputs()
+    for be in backends:
+        S = ula.linear_attention(q.to(dtype), k.to(dtype), v.to(dtype), output_final_state=True, backend=be)[1]
+        assert S.dtype == want, (be, S.dtype)

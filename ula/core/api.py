@@ -22,7 +22,7 @@ def linear_attention(q, k, v, ld=None, rd=None, *, scale=None, initial_state=Non
     [N + 1] offsets of N sequences packed along T with B == 1). scale defaults to K ** -0.5.
     reverse=True runs the recurrence from the end of each sequence to its start. chunk_size: a power of two
     from 16 to 1024, or None for the backend's choice (measured: see benchmarks/).
-    Returns (o with the dtype of v, final state float32 or None). Differentiable in q, k, v, ld, rd and
+    Returns (o with the dtype of v, final state float32 (float64 for float64 inputs) or None). Differentiable in q, k, v, ld, rd and
     initial_state. backend: "auto" (Triton on CUDA, PyTorch elsewhere), "torch", "triton", "reference".
     cp_group: a torch.distributed ProcessGroup for context parallelism: each rank passes its contiguous slice
     of T, cu_seqlens stays global; see ula/core/context_parallel.py.
@@ -49,7 +49,9 @@ def linear_attention(q, k, v, ld=None, rd=None, *, scale=None, initial_state=Non
         o, S = reference_linear_attention(q, k, v, ld, rd, scale=scale, initial_state=initial_state,
                                           output_final_state=output_final_state, cu_seqlens=cu_seqlens,
                                           reverse=reverse)
-        return o.to(device=v.device, dtype=v.dtype), (None if S is None else S.to(q.device, torch.float32))
+        # the final state as the other backends return it: float32, float64 for float64 inputs
+        sd = torch.float64 if q.dtype == torch.float64 else torch.float32
+        return o.to(device=v.device, dtype=v.dtype), (None if S is None else S.to(q.device, sd))
     if chunk_size is None:
         pick = getattr(chunk_fn(backend, q.device), "pick_chunk", None)
         chunk_size = pick(ld, rd) if pick is not None else 64

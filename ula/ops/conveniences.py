@@ -63,7 +63,7 @@ def _mamba2_inputs(k, dt, A):
 def mamba2(q, k, v, dt, A, *, scale=1.0, initial_state=None, output_final_state=False, cu_seqlens=None,
            chunk_size=None, backend="auto"):
     """Mamba2-style scalar decay (SSD): h_t = exp(Δ_t A) h_{t-1} + Δ_t B_t x_tᵀ, y_t = h_tᵀ C_t,
-    with q = C, k = B, v = x. dt = Δ [B, T, H] (>= 0, already through softplus), A [H] (< 0).
+    with q = C, k = B, v = x. dt = Δ [B, T, H] (>= 0, already through softplus), A [H] (<= 0; 0: no decay).
     scale defaults to 1 (Mamba2 has none). The D·x skip connection is left to the layer."""
     check_sequence(q, k, v, cu_seqlens, chunk_size, backend, scale)
     _check_mamba2("mamba2", dt, A, q.shape[:3], "[B, T, H]", q.device)
