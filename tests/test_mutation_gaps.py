@@ -60,7 +60,7 @@ def test_floored_decay_steps_get_exactly_zero_gradient(backend, kind):
 
 
 def test_hgrn2_lower_bound_decay():
-    """HGRN2's forget gate with a lower bound β is β + (1 − β) σ(f) (dropping the (1 − β) factor went unnoticed)."""
+    """HGRN2's forget gate with a lower bound β is β + (1 − β) σ(f) (dropping (1 − β) went unnoticed)."""
     fresh_seed()
     beta, d, H = 0.5, 32, 2
     m = HGRN2Layer(d, H, lower_bound=beta)
