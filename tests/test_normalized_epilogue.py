@@ -182,15 +182,18 @@ def test_normalized_triton_denominator_clamp(one_thread):
 
 
 def test_normalized_triton_norm_clamp(one_thread):
-    """Rows of q and k under the L2 norm's eps (a zero row, a row of 1e-14) on the fused path with a float b: there
-    x / max(|x|, eps) has no projection term in its gradient (as F.normalize's), and the dQ and dK passes must
-    agree with the reference at those rows too (gradients ~1e12 there). The reference takes F.normalize's eps
-    (test_ops_refs' own norm has none)."""
+    """Rows of q and k under the L2 norm's eps (a zero row, a row of 1e-14, rows of norm eps / 2) on the fused path
+    with a float b: there x / max(|x|, eps) has no projection term in its gradient (as F.normalize's), and the dQ
+    and dK passes must agree with the reference at those rows too (gradients ~1e12 there). At norm eps / 2 the
+    projection would be 25% of the row's gradient (a zero row hides it: y = 0); q's sign flag for it is stored by
+    the output kernel, k's by the L2 pass. The reference takes F.normalize's eps (test_ops_refs' own norm has none)."""
     seed = fresh_seed()
     K, V = 16, 16
     q, k = torch.randn(2, 37, H, K), torch.randn(2, 37, H, K)
     q[0, 3, 1] = 0.0
     k[1, 5, 0] = 1e-14
+    q[1, 20, 0] = 0.5e-12 * F.normalize(torch.randn(K), dim=0)
+    k[0, 30, 1] = 0.5e-12 * F.normalize(torch.randn(K), dim=0)
     inp = dict(q=q, k=k, v=torch.randn(2, 37, H, V), a=1.5, b=0.8)
     errs = compare(lambda **x: ula.normalized_linear_attention(**x, output_final_state=True, chunk_size=16,
                                                                backend="triton"),
