@@ -8,10 +8,8 @@ that waited for the GPU), and eager wall time per f+b; an op whose host time
 exceeds its GPU time runs at the host's speed in an eager training loop. --profile adds cProfile's top functions
 (own time) per op. Prints one JSON line per op."""
 import argparse
-import cProfile
 import json
 import os
-import pstats
 import sys
 import time
 
@@ -21,6 +19,8 @@ import triton
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 from ula.bench import families  # noqa: E402
 from ula.bench.measure import forward_backward, graph_times  # noqa: E402
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from gpu_profile import host_top  # noqa: E402  (cProfile's top functions, shared with gpu_profile.py --host)
 
 
 def host_ms(fb, n=50):
@@ -42,19 +42,6 @@ def host_ms(fb, n=50):
     return submit, slowest, ts.index(slowest), (time.perf_counter() - t0) / n * 1e3
 
 
-def top(fb, iters=20, k=14):
-    pr = cProfile.Profile()
-    pr.enable()
-    for _ in range(iters):
-        fb()
-    pr.disable()
-    torch.cuda.synchronize()
-    st = pstats.Stats(pr)
-    rows = sorted(st.stats.items(), key=lambda kv: -kv[1][2])[:k]
-    return [f"{tt / iters * 1e3:.3f} own {ct / iters * 1e3:.3f} cum x{nc // iters} {os.path.basename(f)}:{ln}({fn})"
-            for (f, ln, fn), (cc, nc, tt, ct, _) in rows]
-
-
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--ops", default="linear,normalized,mlstm_sig,mlstm_exp,gla,gsa")
@@ -73,7 +60,7 @@ def main():
                    slowest_submit_ms=round(slowest, 3), slowest_at=at, eager_wall_fb_ms=round(wall, 3),
                    host_bound=submit > gpu[1])
         if a.profile:
-            row["cprofile_top_own"] = top(fb)
+            row["cprofile_top_own"] = host_top(fb, k=14)[1]
         print(json.dumps(row))
         del fn, args, fb
         torch.cuda.empty_cache()

@@ -41,8 +41,9 @@ def profile(fn, args, iters=5):
     return t, rows, fb, order
 
 
-def host_profile(fb, iters=20):
-    """Python time of one forward+backward (launch overhead): cProfile over iters calls, top functions."""
+def host_top(fb, iters=20, k=18):
+    """cProfile over iters calls of fb: (Python ms per call, the top k functions by own time as lines of ms per
+    call). Also benchmarks/gpu_host_families.py's."""
     import cProfile
     import pstats
     torch.cuda.synchronize()
@@ -53,11 +54,18 @@ def host_profile(fb, iters=20):
     pr.disable()
     torch.cuda.synchronize()
     st = pstats.Stats(pr)
-    print(f"  host: {st.total_tt / iters * 1e3:.3f} ms per f+b in Python; top by own time (ms per f+b):")
-    top = sorted(st.stats.items(), key=lambda kv: -kv[1][2])[:18]
-    for (fname, line, func), (cc, nc, tt, ct, _) in top:
-        print(f"  {tt / iters * 1e3:7.3f} own {ct / iters * 1e3:7.3f} cum x{nc // iters:<4d} "
-              f"{os.path.basename(fname)}:{line}({func})")
+    top = sorted(st.stats.items(), key=lambda kv: -kv[1][2])[:k]
+    return st.total_tt / iters * 1e3, [f"{tt / iters * 1e3:7.3f} own {ct / iters * 1e3:7.3f} cum x{nc // iters:<4d} "
+                                       f"{os.path.basename(fname)}:{line}({func})"
+                                       for (fname, line, func), (cc, nc, tt, ct, _) in top]
+
+
+def host_profile(fb, iters=20):
+    """Python time of one forward+backward (launch overhead): cProfile over iters calls, top functions."""
+    total, lines = host_top(fb, iters)
+    print(f"  host: {total:.3f} ms per f+b in Python; top by own time (ms per f+b):")
+    for line in lines:
+        print("  " + line)
 
 
 def main():

@@ -22,8 +22,9 @@ def linear_attention(q, k, v, ld=None, rd=None, *, scale=None, initial_state=Non
     [N + 1] offsets of N sequences packed along T with B == 1). scale defaults to K ** -0.5.
     reverse=True runs the recurrence from the end of each sequence to its start. chunk_size: a power of two
     from 16 to 1024, or None for the backend's choice (measured: see benchmarks/).
-    Returns (o with the dtype of v, final state float32 (float64 for float64 inputs) or None). Differentiable in q, k, v, ld, rd and
-    initial_state. backend: "auto" (Triton on CUDA, PyTorch elsewhere), "torch", "triton", "reference".
+    Returns (o with the dtype of v, final state float32 (float64 for float64 inputs) or None). Differentiable in
+    q, k, v, ld, rd and initial_state. backend: "auto" (Triton on CUDA, PyTorch elsewhere), "torch", "triton",
+    "reference".
     cp_group: a torch.distributed ProcessGroup for context parallelism: each rank passes its contiguous slice
     of T, cu_seqlens stays global; see ula/core/context_parallel.py.
     key_gate: None or a log gate [B, T, H] (float32): k_t enters as exp(key_gate_t) k_t, e.g. mLSTM's input gate

@@ -29,6 +29,13 @@ def _desc(x):
     return f"shape {tuple(x.shape)}, dtype {x.dtype}, device {x.device}"
 
 
+def check_device(name, x, device, op=None):
+    """x on `device` (q's), else a ValueError naming the argument (and the op, for the families' own arguments,
+    which the core would name by its internal ones or torch would fail on deep inside an op)."""
+    if x.device != device:
+        raise ValueError(f"{op + ': ' if op else ''}{name} must be on the device of q ({device}), got {x.device}")
+
+
 def _tensor(name, x):
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
@@ -48,8 +55,7 @@ def check_linear_attention(q, k, v, ld, rd, scale, initial_state, cu_seqlens, ch
     for name, x in (("k", k), ("v", v)):
         if x.dtype != q.dtype:
             raise TypeError(f"{name} must have the dtype of q ({q.dtype}), got {x.dtype}")
-        if x.device != q.device:
-            raise ValueError(f"{name} must be on the device of q ({q.device}), got {x.device}")
+        check_device(name, x, q.device)
     B, T, H, K = q.shape
     V = v.shape[-1]
     if T == 0 or K == 0 or V == 0 or H == 0 or B == 0:
@@ -85,8 +91,7 @@ def check_linear_attention(q, k, v, ld, rd, scale, initial_state, cu_seqlens, ch
         allowed = (torch.float32, torch.float64) if q.dtype == torch.float64 else (torch.float32,)
         if initial_state.dtype not in allowed:
             raise TypeError(f"initial_state must be float32 (states are kept in float32), got {initial_state.dtype}")
-        if initial_state.device != q.device:
-            raise ValueError(f"initial_state must be on the device of q ({q.device}), got {initial_state.device}")
+        check_device("initial_state", initial_state, q.device)
     if chunk_size is not None and (isinstance(chunk_size, bool) or not isinstance(chunk_size, int)
                                    or chunk_size < 16 or chunk_size > 1024 or chunk_size & (chunk_size - 1)):
         raise ValueError(f"chunk_size must be None (chosen per backend) or a power of two from 16 to 1024, "
@@ -107,8 +112,7 @@ def check_key_gate(key_gate, q):
                          f"got {tuple(key_gate.shape)}")
     if key_gate.dtype not in (torch.float32, torch.float64):
         raise TypeError(f"key_gate (a log gate) must be float32 or float64, got {key_gate.dtype}")
-    if key_gate.device != q.device:
-        raise ValueError(f"key_gate must be on the device of q ({q.device}), got {key_gate.device}")
+    check_device("key_gate", key_gate, q.device)
     if check_values(key_gate) and not bool(torch.isfinite(key_gate).all()):
         raise ValueError("key_gate must be finite (it is the log of a factor on k)")
 
@@ -122,8 +126,7 @@ def _check_decay(name, g, q, shapes, what):
     allowed = (torch.float32, torch.float64)
     if g.dtype not in allowed:
         raise TypeError(f"{name} (log decay) must be float32 or float64 so cumulative sums keep their precision, got {g.dtype}")
-    if g.device != q.device:
-        raise ValueError(f"{name} must be on the device of q ({q.device}), got {g.device}")
+    check_device(name, g, q.device)
     if not check_values(g):
         return
     bad = ~(torch.isfinite(g) & (g <= 0))

@@ -7,7 +7,7 @@ device of q); value checks (a log gate must be finite and <= 0) follow the core'
 (ula.core.checks.check_values)."""
 import torch
 
-from ..core.checks import check_linear_attention, check_values
+from ..core.checks import check_device, check_linear_attention, check_values
 
 
 def _desc(x):
@@ -24,13 +24,6 @@ def num_sequences(q, cu_seqlens):
     return q.shape[0] if cu_seqlens is None else cu_seqlens.numel() - 1
 
 
-def check_device(op, name, x, device):
-    """x on `device` (q's): checked here, since the core would name its own internal arguments, or torch fail
-    deep inside an op."""
-    if x.device != device:
-        raise ValueError(f"{op}: {name} must be on the device of q ({device}), got {x.device}")
-
-
 def check_float(op, name, x, shape, what, *, device, log_gate=False, nonneg=False, nonpos=False, finite=False):
     """x must be a floating tensor of exactly `shape` (what: its symbolic form, e.g. "[B, T, H, K]") on `device`
     (q's). log_gate / nonpos: finite and <= 0. nonneg: finite and >= 0. finite: finite."""
@@ -42,7 +35,7 @@ def check_float(op, name, x, shape, what, *, device, log_gate=False, nonneg=Fals
                         f"got {x.dtype}")
     if tuple(x.shape) != tuple(shape):
         raise ValueError(f"{op}: {name} must be {what} = {tuple(shape)}, got {_desc(x)}")
-    check_device(op, name, x, device)
+    check_device(name, x, device, op)
     if (log_gate or nonneg or nonpos or finite) and check_values(x):
         bad = ~torch.isfinite(x)
         if log_gate or nonneg or nonpos:
@@ -82,7 +75,7 @@ def check_step_qkv(op, q, k, v, *, k_name="k"):
     for name, x in ((k_name, k), ("v", v)):
         if x.dtype != q.dtype:
             raise TypeError(f"{op}: {name} must have the dtype of q ({q.dtype}), got {x.dtype}")
-        check_device(op, name, x, q.device)
+        check_device(name, x, q.device, op)
 
 
 def check_step_state(op, state, shape, what="[B, H, K, V]", name="state", *, device):

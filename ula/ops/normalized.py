@@ -30,10 +30,10 @@ import torch
 import torch.nn.functional as F
 
 from ..core.backends import chunk_fn, runs_fused
-from ..core.checks import check_linear_attention
+from ..core.checks import check_device, check_linear_attention
 from ..core.ones import fast_path, linear_attention_with_ones, with_ones_column
 from ..core.time_scan import scan_time
-from ._checks import check_device, check_sequence, check_step_qkv, check_step_state, num_sequences
+from ._checks import check_sequence, check_step_qkv, check_step_state, num_sequences
 from ._common import PackedLayout, _step, decay_dtype
 
 
@@ -42,7 +42,7 @@ def _check_coefs(op, a, b, q):
     device, as torch takes CPU scalars beside tensors of any device)."""
     for name, x in (("a", a), ("b", b)):
         if isinstance(x, torch.Tensor) and not (x.dim() == 0 and x.device.type == "cpu"):
-            check_device(op, name, x, q.device)
+            check_device(name, x, q.device, op)
 
 
 def _coef(name, x, like):
