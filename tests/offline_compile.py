@@ -74,6 +74,20 @@ def record(run):
     return list(seen.values())
 
 
+def _ptxas(arch):
+    """The ptxas that this Triton runs for sm_<arch> (3.9 takes its newer ptxas-blackwell from sm_90 on; the older
+    one refuses the PTX version 3.9 writes)."""
+    try:
+        from triton.backends.nvidia.compiler import get_ptxas
+        try:
+            return get_ptxas(arch).path
+        except TypeError:  # before 3.7: no argument
+            return get_ptxas().path
+    except (ImportError, AttributeError, RuntimeError):
+        import triton
+        return os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
+
+
 def compile_one(kernel, sig, constexprs, num_warps, attrs=None, arch=90, num_stages=None):
     """Triton's compile for CUDA sm_<arch> down to a cubin, then ptxas -v on its PTX: (registers, spill bytes
     stored, spill bytes loaded, shared memory bytes)."""
@@ -83,7 +97,7 @@ def compile_one(kernel, sig, constexprs, num_warps, attrs=None, arch=90, num_sta
     src = ASTSource(kernel, sig, constexprs=constexprs, attrs=attrs)
     opts = {"num_warps": num_warps, **({} if num_stages is None else {"num_stages": num_stages})}
     k = triton.compile(src, target=GPUTarget("cuda", arch, 32), options=opts)
-    ptxas = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
+    ptxas = _ptxas(arch)
     with tempfile.NamedTemporaryFile("w", suffix=".ptx", delete=False) as f:
         f.write(k.asm["ptx"])
     try:

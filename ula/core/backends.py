@@ -1,9 +1,47 @@
 """Which implementation of the chunk function F runs: Triton kernels on CUDA, the PyTorch path elsewhere."""
+import functools
 import os
+import re
+import warnings
 
 import torch
 
 from .chunk_torch import chunk_recurrence
+
+# The oldest Triton whose compiler takes ula's kernels (checked for Triton 3.2 to 3.9 by scripts/triton_versions.sh:
+# 3.3 refuses chained boolean operators in kernels, 3.2 and 3.3 lack `triton.knobs`). torch >= 2.8 comes with one.
+MIN_TRITON = (3, 4)
+_WARNED = set()
+
+
+def _version(text):
+    """'3.4.0+git1234' -> (3, 4)."""
+    m = re.match(r"(\d+)\.(\d+)", text)
+    return (int(m.group(1)), int(m.group(2))) if m else (0, 0)
+
+
+@functools.cache  # once per process: every call of an op asks
+def triton_problem():
+    """None where a Triton that ula's kernels support is installed; otherwise why not, in words."""
+    try:
+        import triton
+    except ImportError as e:
+        return f"Triton is not installed ({e})"
+    found = getattr(triton, "__version__", "unknown")
+    if _version(found) < MIN_TRITON:
+        want = ".".join(map(str, MIN_TRITON))
+        return (f"Triton {found} is installed and ula's kernels need Triton >= {want} "
+                f"(pip install 'triton>={want}', or torch >= 2.8, which brings one)")
+    return None
+
+
+def _fallback(problem):
+    """backend='auto' on CUDA without usable kernels: the PyTorch path, said once per reason (it is much slower)."""
+    if problem not in _WARNED:
+        _WARNED.add(problem)
+        warnings.warn(f"ula: running the PyTorch path on CUDA, not the Triton kernels: {problem}", RuntimeWarning,
+                      stacklevel=3)
+    return chunk_recurrence
 
 
 def chunk_fn(backend, device):
@@ -11,13 +49,16 @@ def chunk_fn(backend, device):
     families run around the core, whose own call then takes the float64 recurrence)."""
     if backend in ("torch", "reference") or (backend == "auto" and device.type != "cuda"):
         return chunk_recurrence
-    try:
-        from .triton import chunk_recurrence_triton
-    except ImportError as e:
+    problem = triton_problem()
+    if problem is None:
+        try:
+            from .triton import chunk_recurrence_triton
+        except ImportError as e:
+            problem = f"its kernels could not be loaded ({e})"
+    if problem is not None:
         if backend == "triton":
-            raise RuntimeError(f"backend='triton' needs Triton kernels, which could not be loaded ({e}); "
-                               "use backend='torch'") from e
-        return chunk_recurrence
+            raise RuntimeError(f"backend='triton' needs ula's Triton kernels: {problem}; or use backend='torch'")
+        return _fallback(problem)
     if device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
         raise RuntimeError(f"backend='triton' needs CUDA tensors (got {device}); set TRITON_INTERPRET=1 "
                            "before importing ula to run the kernels on the CPU, or use backend='torch'")

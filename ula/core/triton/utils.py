@@ -34,16 +34,44 @@ def _interpreter_index_shim():
     if orig is None or getattr(orig, "_ula_shim", False):
         return
 
-    def patched(tensor, scope):
-        orig(tensor, scope)
-        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.reshape(-1)[0]))
+    def index(self):
+        return int(self.handle.data.reshape(-1)[0])
+
+    def patched(tensor, *scope):  # Triton >= 3.7 passes a scope that sets (and later restores) the attributes
+        orig(tensor, *scope)
+        if scope:
+            scope[0].set_attr(tensor, "__index__", index)
+        else:
+            tensor.__index__ = index
 
     patched._ula_shim = True
     interpreter._patch_lang_tensor = patched
 
 
+def _interpreter_compare_shim():
+    """Triton 3.9's interpreter tags a comparison's result with its operands' type (int32) though it holds booleans;
+    broadcast later (a row mask & a scalar flag such as `it < nc`) it becomes an int32 mask, which its loads refuse
+    ("mask has unsupported dtype"). Under the interpreter only: results holding booleans are tagged int1."""
+    import numpy as np
+    from triton.runtime import interpreter
+    builder = getattr(interpreter, "InterpreterBuilder", None)
+    orig = getattr(builder, "binary_op", None)
+    if orig is None or getattr(orig, "_ula_shim", False):
+        return
+
+    def patched(self, lhs, rhs, op):
+        out = orig(self, lhs, rhs, op)
+        if out.data.dtype == np.bool_ and out.dtype != tl.int1:
+            out.dtype = tl.int1
+        return out
+
+    patched._ula_shim = True
+    builder.binary_op = patched
+
+
 if INTERPRET:
     _interpreter_index_shim()
+    _interpreter_compare_shim()
 
 # operand type of tl.dot: 0 float32 ("ieee", no tf32), 1 float16, 2 bfloat16 (float32 accumulate in every case);
 # 3: float32 tiles rounded to bfloat16 precision at the dot, the interpreter's stand-in for 2 (ULA_EMULATE_BF16=1);

@@ -1,0 +1,60 @@
+"""The Triton version gate (ula/core/backends.py): a Triton older than the kernels need, or none, is named in the
+error of backend='triton' and makes backend='auto' on CUDA take the PyTorch path with a warning (before, 3.2 and 3.3
+failed deep in an import, and 'auto' fell back to the much slower path silently)."""
+import sys
+import warnings
+
+import pytest
+import torch
+
+import ula
+from ula.core import backends
+from ula.core.chunk_torch import chunk_recurrence
+
+triton = pytest.importorskip("triton")
+
+
+@pytest.fixture
+def fresh_gate():
+    backends.triton_problem.cache_clear()
+    backends._WARNED.clear()
+    yield
+    backends.triton_problem.cache_clear()
+    backends._WARNED.clear()
+
+
+@pytest.mark.parametrize("text, want", [("3.4.0", (3, 4)), ("3.10.1+git12ab", (3, 10)), ("4.0", (4, 0)),
+                                        ("nightly", (0, 0))])
+def test_version_parse(text, want):
+    assert backends._version(text) == want
+
+
+def test_installed_triton_judged_by_its_version(fresh_gate):
+    """CI's Triton (3.6) passes; under scripts/triton_versions.sh an older one must be refused."""
+    supported = backends._version(triton.__version__) >= backends.MIN_TRITON
+    assert (backends.triton_problem() is None) == supported
+
+
+def test_old_triton_refused_by_name(fresh_gate, monkeypatch):
+    monkeypatch.setattr(triton, "__version__", "3.3.1")
+    q = torch.randn(1, 8, 1, 16)
+    with pytest.raises(RuntimeError, match=r"Triton 3\.3\.1 is installed.*need Triton >= 3\.4.*backend='torch'"):
+        ula.linear_attention(q, q, q, backend="triton")
+
+
+def test_auto_on_cuda_with_old_triton_warns_once_and_runs_torch(fresh_gate, monkeypatch):
+    monkeypatch.setattr(triton, "__version__", "3.2.0")
+    cuda = torch.device("cuda")
+    with pytest.warns(RuntimeWarning, match=r"PyTorch path on CUDA.*Triton 3\.2\.0"):
+        assert backends.chunk_fn("auto", cuda) is chunk_recurrence
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # said once
+        assert backends.chunk_fn("auto", cuda) is chunk_recurrence
+
+
+def test_missing_triton_named(fresh_gate, monkeypatch):
+    monkeypatch.setitem(sys.modules, "triton", None)  # import triton raises ImportError
+    with pytest.raises(RuntimeError, match="Triton is not installed"):
+        backends.chunk_fn("triton", torch.device("cuda"))
+    with pytest.warns(RuntimeWarning, match="Triton is not installed"):
+        assert backends.chunk_fn("auto", torch.device("cuda")) is chunk_recurrence
