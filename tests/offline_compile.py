@@ -95,13 +95,15 @@ def compile_one(kernel, sig, constexprs, num_warps, attrs=None, arch=90, num_sta
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
     src = ASTSource(kernel, sig, constexprs=constexprs, attrs=attrs)
-    opts = {"num_warps": num_warps, **({} if num_stages is None else {"num_stages": num_stages})}
+    from ula.core.triton.utils import _OPTIONS  # the launches' options (FP fusion stated)
+    opts = {"num_warps": num_warps, **_OPTIONS, **({} if num_stages is None else {"num_stages": num_stages})}
     k = triton.compile(src, target=GPUTarget("cuda", arch, 32), options=opts)
     ptxas = _ptxas(arch)
     with tempfile.NamedTemporaryFile("w", suffix=".ptx", delete=False) as f:
         f.write(k.asm["ptx"])
     try:
-        arch_flag = f"-arch=sm_{arch}" + ("a" if arch == 90 else "")  # Triton targets sm_90a on Hopper
+        # the PTX's own target (Triton writes sm_90a on Hopper, sm_100a / sm_120a on Blackwell)
+        arch_flag = "-arch=" + re.search(r"^\.target\s+(sm_\w+)", k.asm["ptx"], re.M).group(1)
         out = subprocess.run([ptxas, arch_flag, "-v", f.name, "-o", os.devnull], capture_output=True, text=True,
                              check=True).stderr
     finally:

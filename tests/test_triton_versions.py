@@ -58,3 +58,22 @@ def test_missing_triton_named(fresh_gate, monkeypatch):
         backends.chunk_fn("triton", torch.device("cuda"))
     with pytest.warns(RuntimeWarning, match="Triton is not installed"):
         assert backends.chunk_fn("auto", torch.device("cuda")) is chunk_recurrence
+
+
+def test_launches_state_fp_fusion():
+    """Every launch and dry-run compile asks for FP fusion by name: the kernels were tuned and checked with it on,
+    Triton 3.10 turns its default off, and 3.9 warns in every process that leaves it unset."""
+    from ula.core.triton import utils
+    seen = []
+
+    class Kernel:
+        def __getitem__(self, grid):
+            return lambda *args, **kw: seen.append(kw)
+
+        def warmup(self, *args, **kw):
+            seen.append(kw)
+
+    utils._launch_fitting(Kernel(), (1,), (), 4, {"BLOCK": 16})
+    utils._launch_fitting(Kernel(), (1,), (), 4, {"BLOCK": 16}, num_stages=2)
+    utils._warmup(Kernel(), (1,), (), 4, {"BLOCK": 16})
+    assert len(seen) == 3 and all(kw.get("enable_fp_fusion") is True and kw["BLOCK"] == 16 for kw in seen)

@@ -336,6 +336,11 @@ _LAUNCH_CACHE_MAX = 4096
 
 _DRY = threading.local()  # per thread: another thread's launches meanwhile must run
 
+# FP fusion (a * b + c as one fma) stated, not left to Triton's default: every kernel was tuned and checked with
+# it on (3.4-3.9's default), Triton 3.10 turns the default off, and 3.9 warns of that on every process that leaves
+# it unset. The option is part of the compiled kernel's key, so the dry run (_warmup) passes it too.
+_OPTIONS = {"enable_fp_fusion": True}
+
 
 @contextlib.contextmanager
 def dry_launches():
@@ -352,7 +357,7 @@ def _warmup(kernel, grid, args, num_warps, constexprs, num_stages=None):
     if isinstance(num_stages, tuple):  # the first preference; a launch where it does not fit compiles the next
         num_stages = num_stages[0]
     stages = {} if num_stages is None else {"num_stages": num_stages}
-    kernel.warmup(*args, grid=grid, num_warps=num_warps, **stages, **constexprs)
+    kernel.warmup(*args, grid=grid, num_warps=num_warps, **stages, **_OPTIONS, **constexprs)
 
 
 def launch(kernel, grid, *args, num_warps=4, num_stages=None, **constexprs):
@@ -397,8 +402,8 @@ def _launch_fitting(kernel, grid, args, num_warps, constexprs, num_stages=None):
     for stages in tries:
         try:
             if stages is None:
-                return kernel[grid](*args, num_warps=num_warps, **constexprs)
-            return kernel[grid](*args, num_warps=num_warps, num_stages=stages, **constexprs)
+                return kernel[grid](*args, num_warps=num_warps, **_OPTIONS, **constexprs)
+            return kernel[grid](*args, num_warps=num_warps, num_stages=stages, **_OPTIONS, **constexprs)
         except OutOfResources as e:
             err = e
     raise RuntimeError(f"{kernel.fn.__name__}: even without software pipelining its tiles need more than this GPU "
