@@ -77,3 +77,22 @@ def test_launches_state_fp_fusion():
     utils._launch_fitting(Kernel(), (1,), (), 4, {"BLOCK": 16}, num_stages=2)
     utils._warmup(Kernel(), (1,), (), 4, {"BLOCK": 16})
     assert len(seen) == 3 and all(kw.get("enable_fp_fusion") is True and kw["BLOCK"] == 16 for kw in seen)
+
+
+@pytest.mark.parametrize("capability, warns", [((7, 5), True), ((7, 0), True), ((8, 0), False), ((9, 0), False)])
+def test_gpu_older_than_ampere_warned_once(monkeypatch, capability, warns):
+    """A GPU before compute capability 8.0 runs the kernels (Triton compiles them) but gets a warning, once per
+    GPU, that they spill there (benchmarks/results/offline_compile_sm70_triton3.6.0.txt); newer ones get none."""
+    monkeypatch.setattr(backends, "_GPUS_SEEN", set())
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda idx: capability)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda idx: "Some GPU")
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        for _ in range(3):
+            backends._check_gpu(torch.device("cuda", 1))
+    msgs = [str(w.message) for w in seen]
+    if warns:
+        assert len(msgs) == 1 and "Some GPU" in msgs[0] and f"{capability[0]}.{capability[1]}" in msgs[0]
+        assert "backend='torch'" in msgs[0]
+    else:
+        assert msgs == []

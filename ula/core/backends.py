@@ -35,6 +35,26 @@ def triton_problem():
     return None
 
 
+# GPUs before Ampere (compute capability < 8.0: V100, T4, RTX 20xx): Triton compiles every kernel there, but its
+# half-precision matmuls take no tensor-core path the tiles were sized for, and the compile report spills up to 70 KB
+# of registers per thread (results/offline_compile_sm70_triton3.6.0.txt, _sm75_); no such GPU was ever measured.
+_GPUS_SEEN = set()
+
+
+def _check_gpu(device):
+    """Warns once per GPU older than Ampere that the kernels, right there, were tuned for newer ones."""
+    idx = device.index if device.index is not None else torch.cuda.current_device()
+    if idx in _GPUS_SEEN:
+        return
+    _GPUS_SEEN.add(idx)
+    major, minor = torch.cuda.get_device_capability(idx)
+    if major < 8:
+        warnings.warn(f"ula: {torch.cuda.get_device_name(idx)} (compute capability {major}.{minor}) is older than the "
+                      "GPUs ula's Triton kernels are tuned for (8.0 and newer): they run, but compiled for it they "
+                      "spill registers heavily in half precision; compare backend='torch' for speed",
+                      RuntimeWarning, stacklevel=3)
+
+
 def _fallback(problem):
     """backend='auto' on CUDA without usable kernels: the PyTorch path, said once per reason (it is much slower)."""
     if problem not in _WARNED:
@@ -62,6 +82,8 @@ def chunk_fn(backend, device):
     if device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
         raise RuntimeError(f"backend='triton' needs CUDA tensors (got {device}); set TRITON_INTERPRET=1 "
                            "before importing ula to run the kernels on the CPU, or use backend='torch'")
+    if device.type == "cuda" and not torch.compiler.is_compiling():  # (a trace: the eager calls warn)
+        _check_gpu(device)
     return chunk_recurrence_triton
 
 
