@@ -267,17 +267,34 @@ def test_launch_falls_back_to_fewer_stages_where_shared_memory_is_short():
     assert k.tried == [4, None, 2]
 
 
+@pytest.mark.parametrize("hopper", [True, False], ids=["sm90", "other_gpu"])
 @pytest.mark.parametrize("kind", ["none", "scalar"])
-def test_state_stages_preferred_without_decay(monkeypatch, kind):
+def test_state_stages_preferred_without_decay(monkeypatch, kind, hopper):
     """The state kernel asks for 4 pipelining stages first where no decay or gate enters its loop (measured faster
-    there, slower with decays: RESULTS.md session 22) and leaves Triton's default otherwise; results as the
+    there on the H100 / H200, slower with decays: RESULTS.md session 22) and leaves Triton's default otherwise,
+    and on GPUs other than those (an A100 spills 6 KB per thread at 4: RESULTS.md session 27); results as the
     reference's either way."""
+    from ula.core.triton import state
+    monkeypatch.setattr(state, "tuned_here", lambda device: hopper)
+
     def stages(kernel, w, cx, s):
         return (s,) if kernel.fn.__name__ == "_state_kernel" else None
     seen = record_launches(monkeypatch, stages)
     seed = fresh_seed()
     _check(compare_with_reference(_triton(16), _on(make_inputs(kind, False, 1, 45, 2, 16, 16))), seed)
-    assert seen and set(seen) == ({((4, None, 2, 1),)} if kind == "none" else {(None,)}), seen
+    assert seen and set(seen) == ({((4, None, 2, 1),)} if kind == "none" and hopper else {(None,)}), seen
+
+
+@pytest.mark.parametrize("capability, want", [((9, 0), True), ((8, 0), False), ((8, 9), False), ((10, 0), False)])
+def test_tuned_here_is_hopper_or_off_cuda(monkeypatch, capability, want):
+    """Choices measured on the H100 / H200 apply on compute capability 9.x, and off CUDA (the interpreter, and the
+    offline compile's recording for sm_90); asked once per GPU."""
+    from ula.core.triton import utils
+    asked = []
+    monkeypatch.setattr(utils, "_MAJOR", {})
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda d: asked.append(d) or capability)
+    assert utils.tuned_here(torch.device("cpu"))
+    assert [utils.tuned_here(torch.device("cuda", 3)) for _ in range(2)] == [want, want] and len(asked) == 1
 
 
 def test_bf16_emulation_rounds_matmul_operands():

@@ -8,7 +8,7 @@ import triton
 import triton.language as tl
 
 from .utils import (DOT_BF16, DOT_BF16_EMULATED, alloc, block, cdiv, head_bases, is_tuned, launch, mm, multiprocessors,
-                    operand, round_bf16, stages_of, tuned, warps_for)
+                    operand, round_bf16, stages_of, tuned, tuned_here, warps_for)
 
 
 @triton.jit
@@ -420,9 +420,11 @@ def chunk_states(k, v, b, c, h0, layout, reverse, dot, state_dtype=torch.float32
     grid = (N * H, cdiv(K, BK), NVT)  # axes 1 and 2 stop at 65535
     # 4 software-pipelining stages where no decay or gate enters the loop (Triton's default 3 elsewhere; fewer where
     # they do not fit): on an H200 B2 T8192 H16 K=V=128 f+b linear attention 0.704 -> 0.688 ms, normalized 0.962 ->
-    # 0.952; with decays or a key gate not (mLSTMexp 1.57 -> 1.66, GSA 4.41 -> 4.45; RESULTS.md session 22)
+    # 0.952; with decays or a key gate not (mLSTMexp 1.57 -> 1.66, GSA 4.41 -> 4.45; RESULTS.md session 22). Hopper
+    # only: compiled for an A100 at 4 stages, normalized attention's reverse call spills 6 KB per thread (0.5 KB at
+    # Triton's default 3; results/offline_compile_sm80_triton3.6.0.txt)
     stages = stages_of("state", 4)
-    if stages is None and b is None and c is None and gate is None:
+    if stages is None and b is None and c is None and gate is None and tuned_here(k.device):
         stages = (4, None, 2, 1)
     launch(_state_kernel, grid, k, v, b if b is not None else dummy, c if c is not None else dummy,
            gate if gate is not None else dummy, h0 if h0 is not None else dummy, border, final,

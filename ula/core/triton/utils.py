@@ -314,6 +314,20 @@ def multiprocessors(device):
     return n
 
 
+_MAJOR = {}
+
+
+def tuned_here(device):
+    """Whether choices measured on the H100 / H200 (compute capability 9.x) apply to this device: on such a GPU, and
+    off CUDA (the interpreter, and tests/offline_compile.py's recording, which compiles for sm_90)."""
+    if device.type != "cuda":
+        return True
+    major = _MAJOR.get(device.index)
+    if major is None:
+        major = _MAJOR[device.index] = torch.cuda.get_device_capability(device)[0]
+    return major == 9
+
+
 def set_tuning(kernel, cfg):
     """Override a kernel's tile sizes and warps ("a,b,c,..." in the order of its tuned() defaults); None: back
     to the defaults."""
