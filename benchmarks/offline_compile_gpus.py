@@ -19,16 +19,11 @@ LIMITS = {70: (98304, "V100"), 75: (65536, "T4 / RTX 20xx"), 80: (166912, "A100"
           120: (101376, "RTX 50xx")}
 
 
-def tries(stages):
-    """The stage counts a launch tries in turn (as _launch_fitting does)."""
-    if isinstance(stages, tuple):
-        return stages
-    return (None, 2, 1) if stages is None else (stages,)
-
-
 def main(archs):
     import triton
     from offline_compile import compile_one, core_cases, record
+
+    from ula.core.triton.utils import stage_tries
     launches = record(core_cases())
     try:
         from tqdm import tqdm
@@ -40,7 +35,7 @@ def main(archs):
         it = tqdm(launches, desc=f"sm_{arch}", leave=False) if tqdm else launches
         for kernel, sig, cx, w, attrs, stages in it:
             tag = f"{kernel.fn.__name__} warps={w} " + " ".join(f"{k}={v}" for k, v in cx.items())
-            for i, s in enumerate(tries(stages)):
+            for i, s in enumerate(stage_tries(stages)):
                 try:
                     regs, st, _, smem = compile_one(kernel, sig, cx, w, attrs, arch, s)
                 except Exception as e:  # noqa: BLE001  (a compiler failure is the finding)

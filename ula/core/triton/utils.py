@@ -406,14 +406,21 @@ def launch(kernel, grid, *args, num_warps=4, num_stages=None, **constexprs):
     run(g[0], g[1], g[2], _current_stream(dev), function, meta, None, None, None, *args, *tail)
 
 
+def stage_tries(num_stages):
+    """The pipeline stages a launch tries in turn until one fits (None: Triton's default): a tuple of preferences as
+    given, a number alone, or by default Triton's, then 2, then 1."""
+    if isinstance(num_stages, tuple):
+        return num_stages
+    return (None, 2, 1) if num_stages is None else (num_stages,)
+
+
 def _launch_fitting(kernel, grid, args, num_warps, constexprs, num_stages=None):
     """kernel[grid](...) with Triton's default software pipelining, or with fewer stages where its buffers do not
     fit the GPU's shared memory: the tiles are chosen on an H100 (228 KB per block), other GPUs have less (an
     A100 164 KB: float32 inputs need 208 KB there at 3 stages, compiled for sm_80 by tests/offline_compile.py).
     Returns what the launch returns (the compiled kernel)."""
     from triton.runtime.errors import OutOfResources
-    tries = num_stages if isinstance(num_stages, tuple) else (None, 2, 1) if num_stages is None else (num_stages,)
-    for stages in tries:
+    for stages in stage_tries(num_stages):
         try:
             if stages is None:
                 return kernel[grid](*args, num_warps=num_warps, **_OPTIONS, **constexprs)
