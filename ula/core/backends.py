@@ -35,14 +35,14 @@ def triton_problem():
     return None
 
 
-# GPUs before Ampere (compute capability < 8.0: V100, T4, RTX 20xx): Triton compiles every kernel there, but its
-# half-precision matmuls take no tensor-core path the tiles were sized for, and the compile report spills up to 70 KB
-# of registers per thread (results/offline_compile_sm70_triton3.6.0.txt, _sm75_); no such GPU was ever measured.
+# GPUs before Ampere (compute capability < 8.0: V100, T4, RTX 20xx): Triton compiles every kernel for them, but in
+# half precision the compile report spills up to 71 KB of registers per thread (benchmarks/results/
+# offline_compile_sm70_triton3.6.0.txt, and _sm75_); no such GPU was ever measured.
 _GPUS_SEEN = set()
 
 
 def _check_gpu(device):
-    """Warns once per GPU older than Ampere that the kernels, right there, were tuned for newer ones."""
+    """Warns once per GPU older than Ampere: the kernels run there, but were tuned for newer GPUs."""
     idx = device.index if device.index is not None else torch.cuda.current_device()
     if idx in _GPUS_SEEN:
         return
