@@ -1,4 +1,4 @@
-"""The `ula` command: `ula demo`, `ula train`, `ula generate`, `ula bench` (`python -m ula ...` too).
+"""The `ula` command: `ula demo`, `ula train`, `ula generate`, `ula bench`, `ula info` (`python -m ula ...` too).
 
 Outputs go to runs/<subcommand>-<timestamp>/ unless --out DIR is given."""
 import argparse
@@ -203,7 +203,7 @@ def cmd_bench(args):
 def build_parser():
     p = _Parser(prog="ula", description="Unified Linear Attention: recall demo, language-model training, "
                 "kernel benchmarks.")
-    sub = p.add_subparsers(dest="command", metavar="{demo,train,generate,bench}")
+    sub = p.add_subparsers(dest="command", metavar="{demo,train,generate,bench,info}")
 
     d = sub.add_parser("demo", help="MQAR recall: linear mixers vs softmax attention at equal width",
                        description="Multi-query associative recall (MQAR) generated on the fly; trains a small "
@@ -295,6 +295,12 @@ def build_parser():
     b.add_argument("--device", default="auto")
     b.add_argument("--out", help="output folder (default runs/bench-<timestamp>)")
     b.set_defaults(func=cmd_bench)
+
+    i = sub.add_parser("info", help="versions, GPUs and the path backend='auto' takes on each (for bug reports)",
+                       description="Prints ula's, Python's, torch's and Triton's versions, every visible GPU with "
+                       "the path backend='auto' runs on it and the warnings it gives, and the ULA_* settings.")
+    i.add_argument("--json", action="store_true", help="the same as JSON")
+    i.set_defaults(func=lambda args: __import__("ula.info", fromlist=["main"]).main(args.json))
     return p
 
 
