@@ -200,6 +200,12 @@ def cmd_bench(args):
     return 0
 
 
+# ---- info ----------------------------------------------------------------------------------------
+def cmd_info(args):
+    from .info import main as info
+    return info(args.json)
+
+
 def build_parser():
     p = _Parser(prog="ula", description="Unified Linear Attention: recall demo, language-model training, "
                 "kernel benchmarks.")
@@ -300,7 +306,7 @@ def build_parser():
                        description="Prints ula's, Python's, torch's and Triton's versions, every visible GPU with "
                        "the path backend='auto' runs on it and the warnings it gives, and the ULA_* settings.")
     i.add_argument("--json", action="store_true", help="the same as JSON")
-    i.set_defaults(func=lambda args: __import__("ula.info", fromlist=["main"]).main(args.json))
+    i.set_defaults(func=cmd_info)
     return p
 
 
