@@ -29,6 +29,7 @@ def fake_gpus(monkeypatch):
     monkeypatch.setattr(torch.cuda, "get_device_properties",
                         lambda d: types.SimpleNamespace(total_memory=80 * 2 ** 30, multi_processor_count=132))
     monkeypatch.setattr(backends, "_GPUS_SEEN", set())
+    monkeypatch.setattr(backends, "_CAPABILITY", {})
     monkeypatch.setattr(backends, "_WARNED", set())
 
 

@@ -289,9 +289,10 @@ def test_state_stages_preferred_without_decay(monkeypatch, kind, hopper):
 def test_tuned_here_is_hopper_or_off_cuda(monkeypatch, capability, want):
     """Choices measured on the H100 / H200 apply on compute capability 9.x, and off CUDA (the interpreter, and the
     offline compile's recording for sm_90); asked once per GPU."""
+    from ula.core import backends
     from ula.core.triton import utils
     asked = []
-    monkeypatch.setattr(utils, "_MAJOR", {})
+    monkeypatch.setattr(backends, "_CAPABILITY", {})
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda d: asked.append(d) or capability)
     assert utils.tuned_here(torch.device("cpu"))
     assert [utils.tuned_here(torch.device("cuda", 3)) for _ in range(2)] == [want, want] and len(asked) == 1

@@ -84,6 +84,7 @@ def test_gpu_older_than_ampere_warned_once(monkeypatch, capability, warns):
     """A GPU before compute capability 8.0 runs the kernels (Triton compiles them) but gets a warning, once per
     GPU, that they spill there (benchmarks/results/offline_compile_sm70_triton3.6.0.txt); newer ones get none."""
     monkeypatch.setattr(backends, "_GPUS_SEEN", set())
+    monkeypatch.setattr(backends, "_CAPABILITY", {})
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda idx: capability)
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda idx: "Some GPU")
     with warnings.catch_warnings(record=True) as seen:

@@ -33,10 +33,11 @@ def _path(device):
 
 
 def _gpus():
+    from .core.backends import capability
     out = []
     for i in range(torch.cuda.device_count() if torch.cuda.is_available() else 0):
         p = torch.cuda.get_device_properties(i)
-        major, minor = torch.cuda.get_device_capability(i)
+        major, minor = capability(torch.device("cuda", i))
         path, notes = _path(torch.device("cuda", i))
         out.append(dict(index=i, name=torch.cuda.get_device_name(i), capability=f"{major}.{minor}",
                         memory_gib=round(p.total_memory / 2 ** 30, 1),

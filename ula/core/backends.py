@@ -39,15 +39,30 @@ def triton_problem():
 # half precision the compile report spills up to 71 KB of registers per thread (benchmarks/results/
 # offline_compile_sm70_triton3.6.0.txt, and _sm75_); no such GPU was ever measured.
 _GPUS_SEEN = set()
+_CAPABILITY = {}
+
+
+def _index(device):
+    return device.index if device.index is not None else torch.cuda.current_device()
+
+
+def capability(device):
+    """(major, minor) compute capability of a CUDA device, asked of the driver once per GPU (the launches ask on every
+    call: utils.tuned_here)."""
+    idx = _index(device)
+    cap = _CAPABILITY.get(idx)
+    if cap is None:
+        cap = _CAPABILITY[idx] = tuple(torch.cuda.get_device_capability(idx))
+    return cap
 
 
 def _check_gpu(device):
     """Warns once per GPU older than Ampere: the kernels run there, but were tuned for newer GPUs."""
-    idx = device.index if device.index is not None else torch.cuda.current_device()
+    idx = _index(device)
     if idx in _GPUS_SEEN:
         return
     _GPUS_SEEN.add(idx)
-    major, minor = torch.cuda.get_device_capability(idx)
+    major, minor = capability(device)
     if major < 8:
         warnings.warn(f"ula: {torch.cuda.get_device_name(idx)} (compute capability {major}.{minor}) is older than the "
                       "GPUs ula's Triton kernels are tuned for (8.0 and newer): they run, but compiled for it they "

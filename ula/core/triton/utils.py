@@ -12,6 +12,7 @@ from triton.runtime import driver
 
 from .. import precision
 from ..autograd import half_states
+from ..backends import capability
 
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 # read once: looking up the environment per allocation costs the host microseconds on every call
@@ -314,18 +315,10 @@ def multiprocessors(device):
     return n
 
 
-_MAJOR = {}
-
-
 def tuned_here(device):
     """Whether choices measured on the H100 / H200 (compute capability 9.x) apply to this device: on such a GPU, and
     off CUDA (the interpreter, and tests/offline_compile.py's recording, which compiles for sm_90)."""
-    if device.type != "cuda":
-        return True
-    major = _MAJOR.get(device.index)
-    if major is None:
-        major = _MAJOR[device.index] = torch.cuda.get_device_capability(device)[0]
-    return major == 9
+    return device.type != "cuda" or capability(device)[0] == 9
 
 
 def set_tuning(kernel, cfg):
@@ -367,11 +360,22 @@ def dry_launches():
         _DRY.on = False
 
 
+def stage_tries(num_stages):
+    """The pipeline stages a launch tries in turn until one fits (None: Triton's default): a tuple of preferences as
+    given, a number alone, or by default Triton's, then 2, then 1."""
+    if isinstance(num_stages, tuple):
+        return num_stages
+    return (None, 2, 1) if num_stages is None else (num_stages,)
+
+
+def _stages(stages):
+    """The launch's keyword for a stage count (none for Triton's default)."""
+    return {} if stages is None else {"num_stages": stages}
+
+
 def _warmup(kernel, grid, args, num_warps, constexprs, num_stages=None):
-    if isinstance(num_stages, tuple):  # the first preference; a launch where it does not fit compiles the next
-        num_stages = num_stages[0]
-    stages = {} if num_stages is None else {"num_stages": num_stages}
-    kernel.warmup(*args, grid=grid, num_warps=num_warps, **stages, **_OPTIONS, **constexprs)
+    first = stage_tries(num_stages)[0]  # a launch where the first preference does not fit compiles the next
+    kernel.warmup(*args, grid=grid, num_warps=num_warps, **_stages(first), **_OPTIONS, **constexprs)
 
 
 def launch(kernel, grid, *args, num_warps=4, num_stages=None, **constexprs):
@@ -406,12 +410,6 @@ def launch(kernel, grid, *args, num_warps=4, num_stages=None, **constexprs):
     run(g[0], g[1], g[2], _current_stream(dev), function, meta, None, None, None, *args, *tail)
 
 
-def stage_tries(num_stages):
-    """The pipeline stages a launch tries in turn until one fits (None: Triton's default): a tuple of preferences as
-    given, a number alone, or by default Triton's, then 2, then 1."""
-    if isinstance(num_stages, tuple):
-        return num_stages
-    return (None, 2, 1) if num_stages is None else (num_stages,)
 
 
 def _launch_fitting(kernel, grid, args, num_warps, constexprs, num_stages=None):
@@ -422,9 +420,7 @@ def _launch_fitting(kernel, grid, args, num_warps, constexprs, num_stages=None):
     from triton.runtime.errors import OutOfResources
     for stages in stage_tries(num_stages):
         try:
-            if stages is None:
-                return kernel[grid](*args, num_warps=num_warps, **_OPTIONS, **constexprs)
-            return kernel[grid](*args, num_warps=num_warps, num_stages=stages, **_OPTIONS, **constexprs)
+            return kernel[grid](*args, num_warps=num_warps, **_stages(stages), **_OPTIONS, **constexprs)
         except OutOfResources as e:
             err = e
     raise RuntimeError(f"{kernel.fn.__name__}: even without software pipelining its tiles need more than this GPU "
