@@ -5,6 +5,7 @@ import torch.nn.functional as F
 from .autograd import gated_keys
 from .backends import chunk_fn, runs_triton
 from . import precision as _precision
+from . import time_split
 from .checks import check_key_gate, check_linear_attention
 from .op import run
 from .reference import reference_linear_attention
@@ -67,7 +68,14 @@ def linear_attention(q, k, v, ld=None, rd=None, *, scale=None, initial_state=Non
     # default, measured: a constant decay's output error drops below fla's at +6% time (RESULTS.md, session 13)
     prec = _precision.call_code(precision, ("states_forward",) if ld is not None and ld.dim() == 1 else (),
                                 "linear_attention: precision")
-    o, S, _ = run(q, k, v, ld, rd, initial_state, cu_seqlens, scale, reverse, chunk_size, backend, key_gate, prec)
+    grad = torch.is_grad_enabled() and any(x is not None and x.requires_grad
+                                           for x in (q, k, v, ld, rd, initial_state, key_gate))
+    n_seg = time_split.segments(q, v, ld, rd, cu_seqlens, reverse, backend, chunk_size, grad)
+    if n_seg > 1:  # a long sequence with few programs: split along T on this GPU (ula/core/time_split.py)
+        o, S = time_split.split_run(q, k, v, ld, initial_state, scale, chunk_size, backend, key_gate, prec, n_seg)
+    else:
+        o, S, _ = run(q, k, v, ld, rd, initial_state, cu_seqlens, scale, reverse, chunk_size, backend, key_gate,
+                      prec)
     if not output_final_state:
         S = None
     if padded:

@@ -71,8 +71,7 @@ def _through_first_step(x, decay, right, rev, cu_seqlens):
     reverse (a forward pass with a decay); decay on the right side of the states where right."""
     if rev or decay is None:
         return x
-    d = decay.clamp_min(LOG_DECAY_FLOOR)
-    return _final_decay(x, None if right else d, d if right else None, cu_seqlens)
+    return _final_decay(x, None if right else decay, decay if right else None, cu_seqlens, floor=LOG_DECAY_FLOOR)
 
 
 def fused_backward(q, k, v, ld, h0, do, dS, scale, cu_seqlens, rev, C, need_ld, key_gate=None, ones=None,

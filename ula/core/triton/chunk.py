@@ -48,15 +48,14 @@ def make_layout(B, T, C, cu_seqlens, device):
     return Layout(C, n, N, True, i32(cu), i32(seq), i32(start), i32(offset))
 
 
-def _final_decay(S, gl, gr, cu_seqlens):
-    """A reverse pass leaves through each sequence's first step, which decays the state once more."""
+def _final_decay(S, gl, gr, cu_seqlens, floor=None):
+    """A reverse pass leaves through each sequence's first step, which decays the state once more (its log decay
+    floored at `floor` where given: only those steps are read)."""
     first = 0 if cu_seqlens is None else cu_seqlens[:-1].to(device=S.device, dtype=torch.long)
-    if gl is not None:
-        g = gl[:, first] if cu_seqlens is None else gl[0, first]  # [B|1 or N, H, K|1]
-        S = S * g.float().exp().unsqueeze(-1)
-    if gr is not None:
-        g = gr[:, first] if cu_seqlens is None else gr[0, first]
-        S = S * g.float().exp().unsqueeze(-2)
+    for g, side in ((gl, -1), (gr, -2)):
+        if g is not None:
+            g = g[:, first] if cu_seqlens is None else g[0, first]  # [B|1 or N, H, K|1 or V]
+            S = S * (g.float() if floor is None else g.float().clamp_min(floor)).exp().unsqueeze(side)
     return S
 
 

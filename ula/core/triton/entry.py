@@ -60,7 +60,7 @@ def _decayed_q(q, g, carry, rows, mrow, ks, mk, i_b, i_c, i_h, nC, H, sq_b, sq_t
 
 @triton.jit
 def _entry_fwd_kernel(q, g, carry, E, o, out, L, H, K, V, nC, span, sq_b, sq_t, sq_h, so_b, so_t, so_h,
-                      sg_b, sg_t, sg_h, sg_k, KG, gb_mult, scale,
+                      su_b, su_t, su_h, sg_b, sg_t, sg_h, sg_k, KG, gb_mult, scale,
                       BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, HAS_G: tl.constexpr,
                       VEC_G: tl.constexpr, DOT: tl.constexpr):
     """out = o + corr over a span of chunks, one V block; the block of E is loaded once for the span."""
@@ -81,7 +81,7 @@ def _entry_fwd_kernel(q, g, carry, E, o, out, L, H, K, V, nC, span, sq_b, sq_t, 
         optr = rows.to(tl.int64)[:, None] * so_t + vs[None, :]
         m2 = mrow[:, None] & mv[None, :]
         ot = tl.load(o + i_b.to(tl.int64) * so_b + i_h * so_h + optr, mask=m2, other=0.0).to(tl.float32)
-        tl.store(out + ((i_b.to(tl.int64) * L + rows.to(tl.int64)[:, None]) * H + i_h) * V + vs[None, :],
+        tl.store(out + i_b.to(tl.int64) * su_b + i_h * su_h + rows.to(tl.int64)[:, None] * su_t + vs[None, :],
                  (ot + corr).to(out.dtype.element_ty), mask=m2)
 
 
@@ -193,7 +193,12 @@ def _dot(*tensors):
 
 # chunks per program and warps of the forward (0) and dq (1) kernels; ULA_ENTRY_TUNE="span,warps_fwd,warps_dq" for
 # a sweep on the GPU (benchmarks/gpu_cp_profile.py --phases)
-_TUNE = [int(x) for x in os.environ.get("ULA_ENTRY_TUNE", "4,4,8").split(",")]
+_TUNE = [int(x) for x in os.environ.get("ULA_ENTRY_TUNE", "4,8,8").split(",")]
+# V tiles of the forward and (with decays per feature) of the dE kernel: 128, not 64, so that a program forms a chunk's
+# decayed q once for all of V; the forward at 8 warps (4 before). H200, B1 T32768 H16 K=V=128 vector decay, the
+# segments of ula/core/time_split.py: forward 0.305 -> 0.224 ms, dE 0.208 -> 0.145; without a decay the forward is
+# unchanged and dE slower at 128 (0.059 -> 0.073 ms). Session 28's sweep, benchmarks/RESULTS.md.
+_FWD_BV, _DE_BV_VEC = 128, 128
 
 
 _MIN_PROGRAMS = 2048
@@ -230,22 +235,24 @@ def chunk_carry(g, L):
     return _cumsum_chunks(tot) - tot
 
 
-def entry_forward(q, g, E, o, scale, carry):
+def entry_forward(q, g, E, o, scale, carry, out=None):
     """o + scale · Eᵀ(exp(b) ⊙ q) for q [B, L, H, K], g broadcastable to [B, L, H, K|1] or None, E [B, H, K, V]
-    (contiguous), o [B, L, H, V] (any strides with a unit last one): a new contiguous tensor in o's dtype."""
+    (contiguous), o [B, L, H, V] (any strides with a unit last one): a new contiguous tensor in o's dtype, or
+    written into `out` (o itself for an update in place; any strides with a unit last one)."""
     B, L, H, K = q.shape
     assert K <= 256, "the entry kernels hold all of K in one tile (cp_entry.add_entry_term routes K > 256 away)"
     V = E.shape[-1]
-    out = alloc((B, L, H, V), q.device, o.dtype)
+    if out is None:
+        out = alloc((B, L, H, V), q.device, o.dtype)
     g_, sg, KG, gbm, has_g, vec = _decay_args(g, q)
-    BK, BV = block(K, 256), block(V, 64)
+    BK, BV = block(K, 256), block(V, _FWD_BV)
     nC = cdiv(L, BT)
     dot = _dot(q, o)
     span, n_spans, warps = _spans(nC, cdiv(V, BV) * B * H, 0)
     launch(_entry_fwd_kernel, (n_spans, cdiv(V, BV), B * H), q, g_, carry if has_g else q, _state_operand(E, dot),
            o, out, L, H, K, V, nC, span, q.stride(0), q.stride(1), q.stride(2), o.stride(0), o.stride(1),
-           o.stride(2), *sg, KG, gbm, scale, BT=BT, BK=BK, BV=BV, HAS_G=has_g, VEC_G=vec, DOT=dot,
-           num_warps=warps)
+           o.stride(2), out.stride(0), out.stride(1), out.stride(2), *sg, KG, gbm, scale, BT=BT, BK=BK, BV=BV,
+           HAS_G=has_g, VEC_G=vec, DOT=dot, num_warps=warps)
     return out
 
 
@@ -259,7 +266,7 @@ def entry_backward_e(q, g, E, dc, scale, carry, need_e, need_g):
     if not (need_e or need_g):
         return None, None
     nC = cdiv(L, BT)
-    BK, BV = block(K, 64), block(V, 64)
+    BK, BV = block(K, 64), block(V, _DE_BV_VEC if vec else 64)
     nK, nV = cdiv(K, BK), cdiv(V, BV)
     # ~4096 programs: a program's loop over its chunks is serial; the partial sums cost n_spans·B·H·K·V floats
     n_spans = max(1, min(nC, cdiv(4096, nK * nV * B * H)))

@@ -349,6 +349,11 @@ def _state_kernel(k, v, b, c, u, h0, border, final, partner, X, n0, n_border, n_
         _store_n(z_final + (i_n.to(tl.int64) * H + i_h) * V, vc, zs, z_ok, SPLIT)
 
 
+# (steps, K tile, V tile, warps) of the state kernel, unless tuned or narrowed below (ula/core/time_split.py counts
+# its programs with them too)
+STATE_TILES = (128, 64, 64, 8)
+
+
 def chunk_states(k, v, b, c, h0, layout, reverse, dot, state_dtype=torch.float32, scale=1.0, partner=None, gate=None,
                  ones=False, n0=None, e=None, partner_n=None, partner_right=False, w=None, v_sums=False, z0=None):
     """k [B, T, H, K], v [B, T, H, V] contiguous; b [Bg, T, H, K|1], c [Bg, T, H, V] chunk-local cumulative
@@ -375,7 +380,7 @@ def chunk_states(k, v, b, c, h0, layout, reverse, dot, state_dtype=torch.float32
     # 8 warps: a program of this sequential loop is alone on its multiprocessor (one warp per scheduler at 4
     # warps, latency-bound in Nsight Compute); B=1 T=65536 H=16 constant decay f+b 4.79 -> 4.06 ms, B=2 T=8192
     # vector 4.89 -> 4.70 (benchmarks/results/tile_sweep_h100_session9_*.json)
-    BT, BK, BV, W = tuned("state", (128, 64, 64, 8))[:4]
+    BT, BK, BV, W = tuned("state", STATE_TILES)[:4]
     BT, BK, BV, W = min(layout.C, BT), block(K, BK), block(V, BV), warps_for("state", W, dot)
     # few sequences x heads leave most multiprocessors idle: narrower K tiles give twice the programs (B=1
     # T=65536 H=16 constant decay 5.39 -> 4.86 ms in tile_sweep_h100_b1t65536.json); with one decay value per

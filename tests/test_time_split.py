@@ -1,0 +1,132 @@
+"""A long sequence split along T on one GPU (ula/core/time_split.py): the core over segments as batch rows, the
+scan of their states and the entry terms in place, against autograd through the float64 reference recurrence:
+output, final state and every gradient, each decay kind, 2 and 4 segments, with and without an initial state, a
+key gate; and which calls split."""
+import pytest
+import torch
+
+pytest.importorskip("triton")
+
+import ula  # noqa: E402
+from helpers import KINDS, compare_with_reference, fresh_seed, make_inputs, rel  # noqa: E402
+from ula.core import time_split  # noqa: E402
+from ula.core.reference import reference_linear_attention  # noqa: E402
+
+
+def _check(errs, seed, tol=1e-4):
+    bad = {k: f"{v:.2e}" for k, v in errs.items() if not v <= tol}
+    assert not bad, f"relative errors over {tol}: {bad} (seed {seed})"
+
+
+def _mild(ld):
+    """Decays that keep much of a state over a segment (~0.75 of it over 128 steps): the scan's D_j ⊙ E_{j-1} and the
+    entry terms then weigh in the errors (at the helpers' ~0.95 per step a state fades to ~1e-3 over a segment)."""
+    return None if ld is None else ld * 0.05
+
+
+@pytest.fixture
+def counted(monkeypatch):
+    """The number of split calls made (split_run wrapped), so a test knows the split path ran."""
+    calls = []
+    orig = time_split.split_run
+
+    def wrapped(*a, **kw):
+        calls.append(a[-1])
+        return orig(*a, **kw)
+    monkeypatch.setattr(time_split, "split_run", wrapped)
+    return calls
+
+
+@pytest.mark.parametrize("h0,S", [(True, 2), (False, 4)])  # each kind with and without an initial state
+@pytest.mark.parametrize("kind", KINDS)
+def test_split_matches_reference(kind, h0, S, monkeypatch, counted):
+    monkeypatch.setattr(time_split, "_FORCED", str(S))
+    seed = fresh_seed()
+    q, k, v, ld, _, s0 = make_inputs(kind, False, 2, 256, 2, 16, 32, h0=h0)
+    ld = _mild(ld)
+    op = lambda *a, **kw: ula.linear_attention(*a, chunk_size=32, backend="triton", **kw)  # noqa: E731
+    _check(compare_with_reference(op, (q, k, v, ld, None, s0)), seed)
+    assert counted == [S]
+
+
+@pytest.mark.parametrize("kind", ["scalar", "vector"])
+def test_split_with_key_gate(kind, monkeypatch, counted):
+    """mLSTM's form: the input gate as a log key gate, split with the sequence (its gradient from the core)."""
+    monkeypatch.setattr(time_split, "_FORCED", "2")
+    seed = fresh_seed()
+    q, k, v, ld, _, h0 = make_inputs(kind, False, 1, 256, 2, 16, 16)
+    ld = _mild(ld)
+    u = torch.randn(1, 256, 2) - 0.5
+    leaves = [q, k, v, ld, u, h0]
+    ours = [x.detach().clone().requires_grad_() for x in leaves]
+    refs = [x.detach().double().requires_grad_() for x in leaves]
+    o, S = ula.linear_attention(*ours[:4], key_gate=ours[4], initial_state=ours[5], output_final_state=True,
+                                chunk_size=32, backend="triton")
+    q2, k2, v2, ld2, u2, h2 = refs
+    o_ref, S_ref = reference_linear_attention(q2, k2 * u2.exp().unsqueeze(-1), v2, ld2, initial_state=h2,
+                                              output_final_state=True)
+    do, dS = torch.randn_like(o_ref), torch.randn_like(S_ref)
+    ((o.double() * do).sum() + (S.double() * dS).sum()).backward()
+    ((o_ref * do).sum() + (S_ref * dS).sum()).backward()
+    errs = {"o": rel(o, o_ref), "S": rel(S, S_ref)}
+    for name, a, b in zip(["q", "k", "v", "ld", "key_gate", "h0"], ours, refs):
+        errs["d" + name] = rel(a.grad, b.grad)
+    _check(errs, seed)
+    assert counted == [2]
+
+
+def test_split_without_gradients(monkeypatch, counted):
+    """Inference (no_grad): the same output and final state as one unsplit call."""
+    seed = fresh_seed()
+    q, k, v, ld, _, h0 = make_inputs("vector", False, 2, 256, 2, 16, 16)
+    with torch.no_grad():
+        want = ula.linear_attention(q, k, v, ld, initial_state=h0, output_final_state=True, chunk_size=32,
+                                    backend="triton")
+        monkeypatch.setattr(time_split, "_FORCED", "4")
+        got = ula.linear_attention(q, k, v, ld, initial_state=h0, output_final_state=True, chunk_size=32,
+                                   backend="triton")
+    _check({"o": rel(got[0], want[0]), "S": rel(got[1], want[1])}, seed)
+    assert counted == [4]
+
+
+def test_which_calls_split(monkeypatch):
+    """Only forward, left-decay (or none), non-varlen calls whose T holds whole segments of chunks split."""
+    monkeypatch.setattr(time_split, "_FORCED", "2")
+    q, v = torch.zeros(1, 256, 2, 16), torch.zeros(1, 256, 2, 16)
+    ld, rd = torch.zeros(1, 256, 2), torch.zeros(1, 256, 2, 16)
+    seg = time_split.segments
+    assert seg(q, v, ld, None, None, False, "triton", 64) == 2
+    assert seg(q, v, ld, rd, None, False, "triton", 64) == 1  # a right decay
+    assert seg(q, v, ld, None, torch.tensor([0, 100, 256]), False, "triton", 64) == 1  # varlen
+    assert seg(q, v, ld, None, None, True, "triton", 64) == 1  # reverse
+    assert seg(q, v, ld, None, None, False, "torch", 64) == 1  # the PyTorch backend
+    assert seg(q, v, ld, None, None, False, "triton", 256) == 1  # 128-step segments hold no whole 256-step chunk
+    assert seg(q.double(), v.double(), ld, None, None, False, "triton", 64) == 1  # float64 (the PyTorch path)
+    from ula.core.op import BackwardInitialState, backward_initial_state
+    with backward_initial_state(BackwardInitialState()):  # a context-parallel slice's local pass
+        assert seg(q, v, ld, None, None, False, "triton", 64) == 1
+    monkeypatch.setattr(time_split, "_FORCED", None)
+    assert seg(q, v, ld, None, None, False, "triton", 64) == 1  # off CUDA the heuristic never splits
+
+
+@pytest.mark.parametrize("B,T,H,D,decay,grad,want", [
+    (1, 32768, 16, 128, True, True, 2),   # 64 state programs on 132 multiprocessors: two segments
+    (1, 65536, 16, 128, True, True, 2),
+    (1, 16384, 8, 128, False, True, 4),   # 32 programs: four segments of 4096 steps without a decay
+    (1, 16384, 8, 128, True, True, 2),    # with one, segments of at least 8192
+    (1, 8192, 16, 128, True, True, 1),
+    (1, 8192, 16, 128, False, True, 2),
+    (2, 8192, 16, 128, True, True, 1),    # 128 programs: measured slower split
+    (1, 32768, 16, 128, True, False, 1),  # a forward alone with a decay gains nothing
+    (1, 32768, 16, 128, False, False, 2),  # without one it does
+    (1, 32768 + 128, 16, 128, True, True, 1),  # T holds no whole segments of chunks
+    (1, 65536, 4, 64, True, True, 8),     # 4 programs: 8 segments, MIN_SEGMENT stops there
+])
+def test_segments_heuristic(B, T, H, D, decay, grad, want, monkeypatch):
+    """The default choice on a GPU with 132 multiprocessors (an H100; faked here)."""
+    from ula.core.triton import utils
+    monkeypatch.setattr(time_split, "_FORCED", None)
+    monkeypatch.setattr(utils, "multiprocessors", lambda device: 132)
+    q = torch.zeros(1, 1, 1, 1).expand(B, T, H, D)  # shapes only: no memory behind them
+    ld = torch.zeros(1, 1, 1).expand(B, T, H) if decay else None
+    assert time_split.segments(q, q, ld, None, None, False, "triton", 128, grad) == want

@@ -1,0 +1,151 @@
+"""A long sequence split along T into segments on one GPU: context parallelism's algorithm (context_parallel.py)
+with the segments as batch rows instead of ranks.
+
+The state kernel walks each sequence's chunks in turn, one program per (batch row, head, K tile, V tile). With few
+of those (B·H small) and a long T, most multiprocessors idle while a few walk hundreds of chunks. Split into S
+segments of L = T / S steps, the core runs on [B·S, L, ...] (S times the programs, 1/S of the walk each) from zero
+states, then, as in context parallelism,
+
+    E_j = D_j ⊙ E_{j-1} + X_j       (X_j: segment j's final state from zero, D_j = exp(its total log decay))
+    o_t += scale · E_{j-1}ᵀ (exp(b_t) ⊙ q_t)    for t in segment j > 0, b_t the log decay summed from its start
+
+the second by the entry kernels of ula/core/triton/entry.py, in place. Backward: the core's own, run from the
+entering states (op.BackwardInitialState), forms every gradient of both terms but the states' (the sum is one core
+call from E); the entry term's dE kernel forms those, and autograd carries them through the scan.
+
+Taken on the Triton backend in eager calls with a left decay or none (key gate allowed), forward direction, no
+right decay, no cu_seqlens, T a multiple of S chunks; `segments` picks S. ULA_TIME_SPLIT=S sets it for every such
+call (1: never split), for measurements."""
+import os
+
+import torch
+
+from .autograd import canonical_left
+from .backends import runs_triton
+from . import op as _op
+from .op import BackwardInitialState, backward_initial_state, run
+
+_ENTRY_BT = 64  # the entry kernels' chunk (ula/core/triton/entry.py BT): segments hold whole chunks of it
+_FORCED = os.environ.get("ULA_TIME_SPLIT")
+# The shortest segment split off, without a decay / with one: on an H100 at B1 T8192 H16 (two segments of 4096) no
+# decay gained 8% and the decays lost up to 17% (constant), while segments of 8192 steps and more gained for every
+# kind but constant decay at B1 T32768 H16 (+1%) (benchmarks/results/time_split_auto_h100_session28.json,
+# time_split_kept_h100_session28.json).
+MIN_SEGMENT = (4096, 8192)
+
+
+def segments(q, v, ld, rd, cu_seqlens, reverse, backend, chunk_size, needs_grad=True):
+    """How many segments a call is split into (1: none); see the module docstring for the calls it applies to.
+
+    The choice: double S while the state kernel's programs at its default tiles times S stay within the
+    multiprocessors and segments keep MIN_SEGMENT steps. Forward+backward, bf16, K=V=128, on an H100, this choice
+    against no split in the same call (benchmarks/results/time_split_kept_h100_session28.json): B1 H16 (64 programs,
+    S = 2) at T = 32768 / 65536, no decay -17% / -17%, constant +1% / -2%, scalar -5% / -5%, vector -9% / -11%; B1
+    H8 T16384 (32 programs) -25% (S = 4), -8%, -9%, -17% (S = 2). At B2 H16 (128 programs) every kind was slower
+    split (time_split_h200_session28.json): no split. A forward alone with a decay gains nothing (the entry term costs
+    what the state call saves), so calls without gradients split only without one."""
+    B, T, H, K = q.shape
+    # a context-parallel slice's local pass takes that path's own backward initial state (op._NEXT_BOX): not split
+    if (rd is not None or cu_seqlens is not None or reverse or K > 256 or q.dtype == torch.float64
+            or torch.compiler.is_compiling() or _op._NEXT_BOX[0] is not None or not runs_triton(backend, q.device)):
+        return 1
+    step = max(int(chunk_size), _ENTRY_BT)
+    if _FORCED is not None:
+        S = int(_FORCED)
+        return S if S > 1 and T % (S * step) == 0 else 1
+    from .triton.state import STATE_TILES
+    from .triton.utils import block, cdiv, multiprocessors
+    if not (needs_grad or ld is None):
+        return 1
+    programs = B * H * cdiv(K, block(K, STATE_TILES[1])) * cdiv(v.shape[-1], block(v.shape[-1], STATE_TILES[2]))
+    sms = multiprocessors(q.device)
+    S = 1
+    shortest = MIN_SEGMENT[ld is not None]
+    while programs * S * 2 <= sms and T % (S * 2 * step) == 0 and T // (S * 2) >= shortest:
+        S *= 2
+    return S
+
+
+class _EntryTerms(torch.autograd.Function):
+    """o [B * S, L, H, V] (the core's output, segments as rows) plus each later segment's entry term, in place (on
+    the core's own tensor, not a view: autograd would copy it whole for a view written in place); its backward forms
+    the entering states' gradients alone (q and the decays come detached: the core's backward forms theirs)."""
+
+    @staticmethod
+    def forward(ctx, o, q, gl, E, carries, scale, S):
+        from .triton.entry import entry_forward
+        B, T = q.shape[:2]
+        L = T // S
+        q5, o5 = q.view(B, S, L, *q.shape[2:]), o.view(B, S, L, *o.shape[2:])
+        for j in range(1, S):
+            g = None if gl is None else gl[:, j * L:(j + 1) * L]
+            entry_forward(q5[:, j], g, E[:, j].contiguous(), o5[:, j], scale, carries[j - 1], out=o5[:, j])
+        ctx.mark_dirty(o)
+        ctx.save_for_backward(q, gl, E, *(c for c in carries if c is not None))
+        ctx.cfg = (scale, S)
+        return o
+
+    @staticmethod
+    def backward(ctx, do):
+        from .triton.entry import entry_backward_e
+        q, gl, E, *carries = ctx.saved_tensors
+        scale, S = ctx.cfg
+        B, T = q.shape[:2]
+        L = T // S
+        q5, do5 = q.view(B, S, L, *q.shape[2:]), do.view(B, S, L, *do.shape[2:])
+        dE = torch.zeros_like(E)
+        for j in range(1, S):
+            g = None if gl is None else gl[:, j * L:(j + 1) * L]
+            dE[:, j] = entry_backward_e(q5[:, j], g, E[:, j].contiguous(), do5[:, j], scale,
+                                        carries[j - 1] if carries else None, True, False)[0]
+        return do, None, None, dE, None, None, None
+
+
+def _decay_sums(gl, S, L):
+    """For segments 1 .. S-1 (segment 0 takes no entry term, and its total decay meets no entering state): each
+    one's exclusive cumulative sums over its chunks of _ENTRY_BT steps [Bg, n, H, KG] (the entry kernels' carries),
+    and their total log decays [Bg, S - 1, H, KG]; float32, from one read of those segments' decays."""
+    Bg, T, H, KG = gl.shape
+    n = L // _ENTRY_BT
+    tot = gl[:, L:].reshape(Bg, (S - 1) * n, _ENTRY_BT, H, KG).sum(2, dtype=torch.float32)  # per chunk
+    # the scan along the chunks run along the last (contiguous) dim: an outer-dim scan is ~10x slower on the GPU
+    tot = tot.view(Bg, S - 1, n, H * KG).transpose(2, 3).contiguous()
+    inclusive = tot.cumsum(-1)
+    carries = (inclusive - tot).transpose(2, 3).reshape(Bg, S - 1, n, H, KG)
+    return [carries[:, j].contiguous() for j in range(S - 1)], inclusive[..., -1].view(Bg, S - 1, H, KG)
+
+
+def split_run(q, k, v, ld, h0, scale, chunk_size, backend, kg, prec, S):
+    """(o, final state float32) of the core over S segments of T (module docstring); arguments as op.run's."""
+    B, T, H, K = q.shape
+    V = v.shape[-1]
+    L = T // S
+
+    def seg(x):
+        return None if x is None else x.reshape(B * S, L, *x.shape[2:])
+
+    needs_grad = torch.is_grad_enabled() and any(x is not None and x.requires_grad for x in (q, k, v, ld, h0, kg))
+    h0_rows = None
+    if h0 is not None:  # each sequence's first segment starts from its initial state, the others from zero
+        h0_rows = torch.stack([h0] + [torch.zeros_like(h0)] * (S - 1), 1).reshape(B * S, H, K, V)
+    box = BackwardInitialState() if needs_grad else None
+    with backward_initial_state(box):
+        o, X, _ = run(seg(q), seg(k), seg(v), ld if ld is None or ld.dim() == 1 else seg(ld), None, h0_rows, None,
+                      scale, False, chunk_size, backend, seg(kg), prec)
+    X = X.view(B, S, H, K, V)
+    gl = canonical_left(ld, T)
+    carries, D = [None] * (S - 1), None
+    if gl is not None:
+        gl = gl.detach()  # the core's backward, from the entering states, forms the decay's gradient of D ⊙ E
+        carries, tot = _decay_sums(gl, S, L)
+        D = torch.exp(tot).unsqueeze(-1)  # [Bg, S - 1, H, KG, 1]: segments 1 .. S-1
+    # the scan over the segments
+    E_in, E = [torch.zeros_like(X[:, 0]) if h0 is None else h0.detach().to(X.dtype)], X[:, 0]
+    for j in range(1, S):
+        E_in.append(E)
+        E = X[:, j] + (E if D is None else D[:, j - 1] * E)
+    E_in = torch.stack(E_in, 1)  # [B, S, H, K, V]
+    if box is not None:
+        box.value = E_in.detach().reshape(B * S, H, K, V)
+    o = _EntryTerms.apply(o, q.detach() if box is not None else q, gl, E_in, carries, float(scale), S)
+    return o.view(B, T, H, V), E
