@@ -15,6 +15,7 @@ import torch.multiprocessing as mp
 
 import ula
 from helpers import KINDS, fresh_seed, make_inputs, rel
+from ula.core import time_split
 
 TOL = 1e-5
 NAMES = ("q", "k", "v", "ld", "rd", "initial_state")
@@ -50,6 +51,11 @@ def _cases(R):
     # a constant decay's entry gradient is not added in place (ld is [H]: cp_entry.DeferredGrads.finish)
     cases.append(dict(kind="constant", right=False, reverse=False, varlen=False, B=2, T=61, h0=False, final=False,
                       backend="triton"))
+    # each rank's slice split in two along T on its own device (ula/core/time_split.py, forced): the segments'
+    # backward initial states take the slice's entering state, decayed to each segment; equal slices of whole chunks
+    for kind in ("vector", "none") if R == 2 else ():  # (2 ranks only: the interpreter's time)
+        cases.append(dict(kind=kind, right=False, reverse=False, varlen=False, B=1, T=512, h0=True, final=True,
+                          backend="triton", slices={2: [256, 256]}, split="2", mild=True))
     cases.append(dict(op="gla", varlen=False, B=2, T=61, h0=True, final=True))
     cases.append(dict(op="gla", varlen=[0, 5, 40, 61], B=1, T=61, h0=True, final=True))
     cases.append(dict(op="mlstm_sig", varlen=False, B=2, T=61, h0=True, final=True))
@@ -72,7 +78,10 @@ def _inputs(case, H=2, K=8, V=12):
     N = len(case["varlen"]) - 1 if case["varlen"] else None
     op = case.get("op", "core")
     if op == "core":
-        return make_inputs(case["kind"], case["right"], B, T, H, K, V, h0=case["h0"], N=N)
+        q, k, v, ld, rd, s0 = make_inputs(case["kind"], case["right"], B, T, H, K, V, h0=case["h0"], N=N)
+        if case.get("mild") and ld is not None:  # a state that lasts across segments of 64-128 steps
+            ld = ld * 0.05
+        return q, k, v, ld, rd, s0
     q, k, v, _, _, s0 = make_inputs("none", False, B, T, H, K, V, h0=case["h0"], N=N)
     if op == "gla":
         g = torch.nn.functional.logsigmoid(torch.randn(B, T, H, K) + 3.0)
@@ -143,7 +152,7 @@ def _run_case(case, seed, rank, R, group):
         loss = loss + sum((x * d.double()).sum() for x, d in zip(_states(S64), dS))
     loss.backward()
     # this rank's slice
-    lengths = _slices(R, T)
+    lengths = case["slices"][R] if "slices" in case else _slices(R, T)
     s = sum(lengths[:rank])
     e = s + lengths[rank]
 
@@ -159,7 +168,11 @@ def _run_case(case, seed, rank, R, group):
         return x[:, s:e].clone().requires_grad_()
 
     mine = [cut(n, x) for n, x in zip(names, full)]
-    o, S = _call(case, *_unflat(mine), cu, group)
+    time_split._FORCED = case.get("split")  # the ranks' calls only (the references above are not split)
+    try:
+        o, S = _call(case, *_unflat(mine), cu, group)
+    finally:
+        time_split._FORCED = None
     loss = (o * do[:, s:e]).sum()
     if dS is not None and rank == 0:  # the final state is replicated: its loss on one rank only
         loss = loss + sum((x * d).sum() for x, d in zip(_states(S), dS))

@@ -102,9 +102,6 @@ def test_which_calls_split(monkeypatch):
     assert seg(q, v, ld, None, None, False, "torch", 64) == 1  # the PyTorch backend
     assert seg(q, v, ld, None, None, False, "triton", 256) == 1  # 128-step segments hold no whole 256-step chunk
     assert seg(q.double(), v.double(), ld, None, None, False, "triton", 64) == 1  # float64 (the PyTorch path)
-    from ula.core.op import BackwardInitialState, backward_initial_state
-    with backward_initial_state(BackwardInitialState()):  # a context-parallel slice's local pass
-        assert seg(q, v, ld, None, None, False, "triton", 64) == 1
     monkeypatch.setattr(time_split, "_FORCED", None)
     assert seg(q, v, ld, None, None, False, "triton", 64) == 1  # off CUDA the heuristic never splits
 

@@ -13,6 +13,9 @@ the second by the entry kernels of ula/core/triton/entry.py, in place. Backward:
 entering states (op.BackwardInitialState), forms every gradient of both terms but the states' (the sum is one core
 call from E); the entry term's dE kernel forms those, and autograd carries them through the scan.
 
+Inside a context-parallel slice (context_parallel.py) the segments' backward initial states also take the slice's
+entering state, decayed to each segment's start (_EnteringRows), so a rank's local pass splits as one GPU's call does.
+
 Taken on the Triton backend in eager calls with a left decay or none (key gate allowed), forward direction, no
 right decay, no cu_seqlens, T a multiple of S chunks; `segments` picks S. ULA_TIME_SPLIT=S sets it for every such
 call (1: never split), for measurements."""
@@ -45,9 +48,8 @@ def segments(q, v, ld, rd, cu_seqlens, reverse, backend, chunk_size, needs_grad=
     split (time_split_h200_session28.json): no split. A forward alone with a decay gains nothing (the entry term costs
     what the state call saves), so calls without gradients split only without one."""
     B, T, H, K = q.shape
-    # a context-parallel slice's local pass takes that path's own backward initial state (op._NEXT_BOX): not split
     if (rd is not None or cu_seqlens is not None or reverse or K > 256 or q.dtype == torch.float64
-            or torch.compiler.is_compiling() or _op._NEXT_BOX[0] is not None or not runs_triton(backend, q.device)):
+            or torch.compiler.is_compiling() or not runs_triton(backend, q.device)):
         return 1
     step = max(int(chunk_size), _ENTRY_BT)
     if _FORCED is not None:
@@ -101,18 +103,36 @@ class _EntryTerms(torch.autograd.Function):
         return do, None, None, dE, None, None, None
 
 
-def _decay_sums(gl, S, L):
-    """For segments 1 .. S-1 (segment 0 takes no entry term, and its total decay meets no entering state): each
-    one's exclusive cumulative sums over its chunks of _ENTRY_BT steps [Bg, n, H, KG] (the entry kernels' carries),
-    and their total log decays [Bg, S - 1, H, KG]; float32, from one read of those segments' decays."""
+def _decay_sums(gl, S, L, first):
+    """For segments 1 .. S-1 (segment 0 takes no entry term): each one's exclusive cumulative sums over its chunks
+    of _ENTRY_BT steps [Bg, n, H, KG] (the entry kernels' carries); and the segments' total log decays [Bg, S', H, KG],
+    S' = S with `first`, else S - 1 (segment 0's meets an entering state only inside a context-parallel slice);
+    float32, from one read of those segments' decays."""
     Bg, T, H, KG = gl.shape
-    n = L // _ENTRY_BT
-    tot = gl[:, L:].reshape(Bg, (S - 1) * n, _ENTRY_BT, H, KG).sum(2, dtype=torch.float32)  # per chunk
+    n, s0 = L // _ENTRY_BT, 0 if first else 1
+    tot = gl[:, s0 * L:].reshape(Bg, (S - s0) * n, _ENTRY_BT, H, KG).sum(2, dtype=torch.float32)  # per chunk
     # the scan along the chunks run along the last (contiguous) dim: an outer-dim scan is ~10x slower on the GPU
-    tot = tot.view(Bg, S - 1, n, H * KG).transpose(2, 3).contiguous()
+    tot = tot.view(Bg, S - s0, n, H * KG).transpose(2, 3).contiguous()
     inclusive = tot.cumsum(-1)
-    carries = (inclusive - tot).transpose(2, 3).reshape(Bg, S - 1, n, H, KG)
-    return [carries[:, j].contiguous() for j in range(S - 1)], inclusive[..., -1].view(Bg, S - 1, H, KG)
+    carries = (inclusive - tot).transpose(2, 3).reshape(Bg, S - s0, n, H, KG)
+    return [carries[:, j].contiguous() for j in range(1 - s0, S - s0)], inclusive[..., -1].view(Bg, S - s0, H, KG)
+
+
+class _EnteringRows(BackwardInitialState):
+    """The core's backward initial state for each segment row (op.BackwardInitialState): the state entering it from
+    the scan, plus, inside a context-parallel slice, the slice's entering state (`outer`'s value, known only once the
+    ranks have exchanged their states) decayed to the segment's start (`decay_to` [Bg, S, H, KG, 1], 1 for the
+    first; the number 1 without a decay)."""
+
+    def __init__(self, outer):  # no value attribute of its own: it is formed when read, from rows set after the call
+        self.outer, self.rows, self.decay_to = outer, None, None
+
+    @property
+    def value(self):
+        rows = self.rows
+        if rows is not None and self.outer is not None and self.outer.value is not None:
+            rows = rows + self.decay_to * self.outer.value.to(rows.dtype).unsqueeze(1)
+        return None if rows is None else rows.reshape(-1, *rows.shape[2:])
 
 
 def split_run(q, k, v, ld, h0, scale, chunk_size, backend, kg, prec, S):
@@ -125,19 +145,23 @@ def split_run(q, k, v, ld, h0, scale, chunk_size, backend, kg, prec, S):
         return None if x is None else x.reshape(B * S, L, *x.shape[2:])
 
     needs_grad = torch.is_grad_enabled() and any(x is not None and x.requires_grad for x in (q, k, v, ld, h0, kg))
+    outer = _op._NEXT_BOX[0]  # a context-parallel slice's: its entering state joins the segments' (_EnteringRows)
     h0_rows = None
     if h0 is not None:  # each sequence's first segment starts from its initial state, the others from zero
         h0_rows = torch.stack([h0] + [torch.zeros_like(h0)] * (S - 1), 1).reshape(B * S, H, K, V)
-    box = BackwardInitialState() if needs_grad else None
+    box = _EnteringRows(outer) if needs_grad or outer is not None else None
     with backward_initial_state(box):
         o, X, _ = run(seg(q), seg(k), seg(v), ld if ld is None or ld.dim() == 1 else seg(ld), None, h0_rows, None,
                       scale, False, chunk_size, backend, seg(kg), prec)
     X = X.view(B, S, H, K, V)
     gl = canonical_left(ld, T)
-    carries, D = [None] * (S - 1), None
+    carries, D, decay_to = [None] * (S - 1), None, 1.0
     if gl is not None:
         gl = gl.detach()  # the core's backward, from the entering states, forms the decay's gradient of D ⊙ E
-        carries, tot = _decay_sums(gl, S, L)
+        carries, tot = _decay_sums(gl, S, L, outer is not None)
+        if outer is not None:  # exp of the total log decay before each segment (inclusive sums, shifted)
+            before = torch.cat([torch.zeros_like(tot[:, :1]), tot[:, :-1].cumsum(1)], 1)
+            decay_to, tot = torch.exp(before).unsqueeze(-1), tot[:, 1:]
         D = torch.exp(tot).unsqueeze(-1)  # [Bg, S - 1, H, KG, 1]: segments 1 .. S-1
     # the scan over the segments
     E_in, E = [torch.zeros_like(X[:, 0]) if h0 is None else h0.detach().to(X.dtype)], X[:, 0]
@@ -146,6 +170,6 @@ def split_run(q, k, v, ld, h0, scale, chunk_size, backend, kg, prec, S):
         E = X[:, j] + (E if D is None else D[:, j - 1] * E)
     E_in = torch.stack(E_in, 1)  # [B, S, H, K, V]
     if box is not None:
-        box.value = E_in.detach().reshape(B * S, H, K, V)
+        box.rows, box.decay_to = E_in.detach(), decay_to
     o = _EntryTerms.apply(o, q.detach() if box is not None else q, gl, E_in, carries, float(scale), S)
     return o.view(B, T, H, V), E
