@@ -75,6 +75,26 @@ def test_split_with_key_gate(kind, monkeypatch, counted):
     assert counted == [2]
 
 
+def test_split_sum_loss_and_strided_inputs(monkeypatch, counted):
+    """A loss o.sum() (its gradient reaches the entry term expanded, every stride 0) and q, k, v given as strided views:
+    the split's gradients equal the unsplit call's."""
+    seed = fresh_seed()
+    q, k, v, ld, _, _ = make_inputs("vector", False, 1, 256, 2, 16, 16)
+    q, k, v = (x.transpose(1, 2).contiguous().transpose(1, 2) for x in (q, k, v))  # [B, T, H, D] strides of [B, H, T, D]
+    assert not q.is_contiguous()
+
+    def grads():
+        xs = [x.detach().clone().requires_grad_() for x in (q, k, v, ld)]
+        o, S = ula.linear_attention(*xs, output_final_state=True, chunk_size=32, backend="triton")
+        (o.sum() + S.sum()).backward()
+        return [o] + [x.grad for x in xs]
+    want = grads()
+    monkeypatch.setattr(time_split, "_FORCED", "2")
+    got = grads()
+    _check({name: rel(a, b) for name, a, b in zip(("o", "dq", "dk", "dv", "dld"), got, want)}, seed)
+    assert counted == [2]
+
+
 def test_split_without_gradients(monkeypatch, counted):
     """Inference (no_grad): the same output and final state as one unsplit call."""
     seed = fresh_seed()

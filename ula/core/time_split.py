@@ -94,6 +94,8 @@ class _EntryTerms(torch.autograd.Function):
         scale, S = ctx.cfg
         B, T = q.shape[:2]
         L = T // S
+        # the kernels read rows of unit stride (a loss o.sum() hands back an expanded tensor: every stride 0)
+        do = do.contiguous()
         q5, do5 = q.view(B, S, L, *q.shape[2:]), do.view(B, S, L, *do.shape[2:])
         dE = torch.zeros_like(E)
         for j in range(1, S):
@@ -140,6 +142,7 @@ def split_run(q, k, v, ld, h0, scale, chunk_size, backend, kg, prec, S):
     B, T, H, K = q.shape
     V = v.shape[-1]
     L = T // S
+    q = q.contiguous()  # its segments are views of it for the entry kernels
 
     def seg(x):
         return None if x is None else x.reshape(B * S, L, *x.shape[2:])
