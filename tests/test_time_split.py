@@ -31,7 +31,7 @@ def counted(monkeypatch):
     orig = time_split.split_run
 
     def wrapped(*a, **kw):
-        calls.append(a[-1])
+        calls.append(a[-2])
         return orig(*a, **kw)
     monkeypatch.setattr(time_split, "split_run", wrapped)
     return calls

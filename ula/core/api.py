@@ -72,7 +72,8 @@ def linear_attention(q, k, v, ld=None, rd=None, *, scale=None, initial_state=Non
                                            for x in (q, k, v, ld, rd, initial_state, key_gate))
     n_seg = time_split.segments(q, v, ld, rd, cu_seqlens, reverse, backend, chunk_size, grad)
     if n_seg > 1:  # a long sequence with few programs: split along T on this GPU (ula/core/time_split.py)
-        o, S = time_split.split_run(q, k, v, ld, initial_state, scale, chunk_size, backend, key_gate, prec, n_seg)
+        o, S = time_split.split_run(q, k, v, ld, initial_state, scale, chunk_size, backend, key_gate, prec, n_seg,
+                                    grad)
     else:
         o, S, _ = run(q, k, v, ld, rd, initial_state, cu_seqlens, scale, reverse, chunk_size, backend, key_gate,
                       prec)

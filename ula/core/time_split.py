@@ -28,7 +28,6 @@ from .backends import runs_triton
 from . import op as _op
 from .op import BackwardInitialState, backward_initial_state, run
 
-_ENTRY_BT = 64  # the entry kernels' chunk (ula/core/triton/entry.py BT): segments hold whole chunks of it
 _FORCED = os.environ.get("ULA_TIME_SPLIT")
 # The shortest segment split off, without a decay / with one: on an H100 at B1 T8192 H16 (two segments of 4096) no
 # decay gained 8% and the decays lost up to 17% (constant), while segments of 8192 steps and more gained for every
@@ -51,7 +50,8 @@ def segments(q, v, ld, rd, cu_seqlens, reverse, backend, chunk_size, needs_grad=
     if (rd is not None or cu_seqlens is not None or reverse or K > 256 or q.dtype == torch.float64
             or torch.compiler.is_compiling() or not runs_triton(backend, q.device)):
         return 1
-    step = max(int(chunk_size), _ENTRY_BT)
+    from .triton.entry import BT as ENTRY_BT  # segments hold whole chunks of the core's and the entry kernels'
+    step = max(int(chunk_size), ENTRY_BT)
     if _FORCED is not None:
         S = int(_FORCED)
         return S if S > 1 and T % (S * step) == 0 else 1
@@ -106,18 +106,15 @@ class _EntryTerms(torch.autograd.Function):
 
 
 def _decay_sums(gl, S, L, first):
-    """For segments 1 .. S-1 (segment 0 takes no entry term): each one's exclusive cumulative sums over its chunks
-    of _ENTRY_BT steps [Bg, n, H, KG] (the entry kernels' carries); and the segments' total log decays [Bg, S', H, KG],
-    S' = S with `first`, else S - 1 (segment 0's meets an entering state only inside a context-parallel slice);
-    float32, from one read of those segments' decays."""
+    """For segments 1 .. S-1 (segment 0 takes no entry term): the entry kernels' carries of each (entry.chunk_carry,
+    [Bg, n, H, KG]); and the segments' total log decays [Bg, S', H, KG], S' = S with `first`, else S - 1 (segment 0's
+    meets an entering state only inside a context-parallel slice); float32, from one read of those segments' decays."""
+    from .triton.entry import chunk_carry
     Bg, T, H, KG = gl.shape
-    n, s0 = L // _ENTRY_BT, 0 if first else 1
-    tot = gl[:, s0 * L:].reshape(Bg, (S - s0) * n, _ENTRY_BT, H, KG).sum(2, dtype=torch.float32)  # per chunk
-    # the scan along the chunks run along the last (contiguous) dim: an outer-dim scan is ~10x slower on the GPU
-    tot = tot.view(Bg, S - s0, n, H * KG).transpose(2, 3).contiguous()
-    inclusive = tot.cumsum(-1)
-    carries = (inclusive - tot).transpose(2, 3).reshape(Bg, S - s0, n, H, KG)
-    return [carries[:, j].contiguous() for j in range(1 - s0, S - s0)], inclusive[..., -1].view(Bg, S - s0, H, KG)
+    s0 = 0 if first else 1
+    carry, total = chunk_carry(gl[:, s0 * L:].reshape(Bg * (S - s0), L, H, KG), L, with_total=True)
+    carry = carry.view(Bg, S - s0, *carry.shape[1:])
+    return [carry[:, j].contiguous() for j in range(1 - s0, S - s0)], total.view(Bg, S - s0, H, KG)
 
 
 class _EnteringRows(BackwardInitialState):
@@ -137,8 +134,9 @@ class _EnteringRows(BackwardInitialState):
         return None if rows is None else rows.reshape(-1, *rows.shape[2:])
 
 
-def split_run(q, k, v, ld, h0, scale, chunk_size, backend, kg, prec, S):
-    """(o, final state float32) of the core over S segments of T (module docstring); arguments as op.run's."""
+def split_run(q, k, v, ld, h0, scale, chunk_size, backend, kg, prec, S, needs_grad):
+    """(o, final state float32) of the core over S segments of T (module docstring); arguments as op.run's, and
+    whether any input wants a gradient."""
     B, T, H, K = q.shape
     V = v.shape[-1]
     L = T // S
@@ -147,7 +145,6 @@ def split_run(q, k, v, ld, h0, scale, chunk_size, backend, kg, prec, S):
     def seg(x):
         return None if x is None else x.reshape(B * S, L, *x.shape[2:])
 
-    needs_grad = torch.is_grad_enabled() and any(x is not None and x.requires_grad for x in (q, k, v, ld, h0, kg))
     outer = _op._NEXT_BOX[0]  # a context-parallel slice's: its entering state joins the segments' (_EnteringRows)
     h0_rows = None
     if h0 is not None:  # each sequence's first segment starts from its initial state, the others from zero

@@ -223,8 +223,9 @@ def _cumsum_chunks(t):
     return t.movedim(1, -1).contiguous().cumsum(-1).movedim(-1, 1).contiguous()
 
 
-def chunk_carry(g, L):
-    """The exclusive cumulative sum over chunks of BT steps of g's chunk totals, float32 [Bg, n_chunks, H, KG]."""
+def chunk_carry(g, L, with_total=False):
+    """The exclusive cumulative sum over chunks of BT steps of g's chunk totals, float32 [Bg, n_chunks, H, KG]; with
+    `with_total` also the sum over all L steps, [Bg, H, KG]."""
     Bg, _, H, KG = g.shape
     nC, full = cdiv(L, BT), L // BT
     tot = torch.zeros(Bg, nC, H, KG, dtype=torch.float32, device=g.device)
@@ -232,7 +233,8 @@ def chunk_carry(g, L):
         tot[:, :full] = g[:, :full * BT].reshape(Bg, full, BT, H, KG).sum(2, dtype=torch.float32)
     if full < nC:
         tot[:, full] = g[:, full * BT:].sum(1, dtype=torch.float32)
-    return _cumsum_chunks(tot) - tot
+    inclusive = _cumsum_chunks(tot)
+    return (inclusive - tot, inclusive[:, -1]) if with_total else inclusive - tot
 
 
 def entry_forward(q, g, E, o, scale, carry, out=None):
