@@ -54,8 +54,8 @@ def _cases(R):
     # each rank's slice split in two along T on its own device (ula/core/time_split.py, forced): the segments'
     # backward initial states take the slice's entering state, decayed to each segment; equal slices of whole chunks
     for kind in ("vector", "none") if R == 2 else ():  # (2 ranks only: the interpreter's time)
-        cases.append(dict(kind=kind, right=False, reverse=False, varlen=False, B=1, T=512, h0=True, final=True,
-                          backend="triton", slices={2: [256, 256]}, split="2", mild=True))
+        cases.append(dict(kind=kind, right=False, reverse=False, varlen=False, B=1, T=256, h0=True, final=True,
+                          backend="triton", slices={2: [128, 128]}, split="2", mild=True))
     cases.append(dict(op="gla", varlen=False, B=2, T=61, h0=True, final=True))
     cases.append(dict(op="gla", varlen=[0, 5, 40, 61], B=1, T=61, h0=True, final=True))
     cases.append(dict(op="mlstm_sig", varlen=False, B=2, T=61, h0=True, final=True))
