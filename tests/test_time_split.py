@@ -132,13 +132,12 @@ def test_which_calls_split(monkeypatch):
 @pytest.mark.parametrize("B,T,H,D,decay,grad,want", [
     (1, 32768, 16, 128, True, True, 2),   # 64 state programs on 132 multiprocessors: two segments
     (1, 65536, 16, 128, True, True, 2),
-    (1, 16384, 8, 128, False, True, 4),   # 32 programs: four segments of 4096 steps without a decay
-    (1, 16384, 8, 128, True, True, 2),    # with one, segments of at least 8192
+    (1, 16384, 8, 128, False, True, 1),   # without a decay the state kernel splits its own walks (state.segments)
+    (1, 16384, 8, 128, True, True, 2),    # 32 programs, segments of at least 8192 steps
     (1, 8192, 16, 128, True, True, 1),
-    (1, 8192, 16, 128, False, True, 2),
     (2, 8192, 16, 128, True, True, 1),    # 128 programs: measured slower split
     (1, 32768, 16, 128, True, False, 1),  # a forward alone with a decay gains nothing
-    (1, 32768, 16, 128, False, False, 2),  # without one it does
+    (1, 32768, 16, 128, False, False, 1),
     (1, 32768 + 128, 16, 128, True, True, 1),  # T holds no whole segments of chunks
     (1, 65536, 4, 64, True, True, 8),     # 4 programs: 8 segments, MIN_SEGMENT stops there
 ])

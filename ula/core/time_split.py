@@ -29,11 +29,10 @@ from . import op as _op
 from .op import BackwardInitialState, backward_initial_state, run
 
 _FORCED = os.environ.get("ULA_TIME_SPLIT")
-# The shortest segment split off, without a decay / with one: on an H100 at B1 T8192 H16 (two segments of 4096) no
-# decay gained 8% and the decays lost up to 17% (constant), while segments of 8192 steps and more gained for every
-# kind but constant decay at B1 T32768 H16 (+1%) (benchmarks/results/time_split_auto_h100_session28.json,
-# time_split_kept_h100_session28.json).
-MIN_SEGMENT = (4096, 8192)
+# The shortest segment split off: on an H100 at B1 T8192 H16 (two segments of 4096) the decays lost up to 17%
+# (constant), while segments of 8192 steps and more gained for every kind but constant decay at B1 T32768 H16 (+1%)
+# (benchmarks/results/time_split_auto_h100_session28.json, time_split_kept_h100_session28.json).
+MIN_SEGMENT = 8192
 
 
 def segments(q, v, ld, rd, cu_seqlens, reverse, backend, chunk_size, needs_grad=True):
@@ -42,10 +41,11 @@ def segments(q, v, ld, rd, cu_seqlens, reverse, backend, chunk_size, needs_grad=
     The choice: double S while the state kernel's programs at its default tiles times S stay within the
     multiprocessors and segments keep MIN_SEGMENT steps. Forward+backward, bf16, K=V=128, on an H100, this choice
     against no split in the same call (benchmarks/results/time_split_kept_h100_session28.json): B1 H16 (64 programs,
-    S = 2) at T = 32768 / 65536, no decay -17% / -17%, constant +1% / -2%, scalar -5% / -5%, vector -9% / -11%; B1
-    H8 T16384 (32 programs) -25% (S = 4), -8%, -9%, -17% (S = 2). At B2 H16 (128 programs) every kind was slower
+    S = 2) at T = 32768 / 65536, constant +1% / -2%, scalar -5% / -5%, vector -9% / -11%; B1 H8 T16384 (32
+    programs, S = 2) -8%, -9%, -17% (no decay: -17% / -17% / -25% here, now the state kernel's split's). At B2 H16 (128 programs) every kind was slower
     split (time_split_h200_session28.json): no split. A forward alone with a decay gains nothing (the entry term costs
-    what the state call saves), so calls without gradients split only without one."""
+    what the state call saves). Without a decay the state kernel's own split (ula/core/triton/state.py, segments)
+    serves every call, forward alone too: this one takes calls with a decay and gradients only."""
     B, T, H, K = q.shape
     if (rd is not None or cu_seqlens is not None or reverse or K > 256 or q.dtype == torch.float64
             or torch.compiler.is_compiling() or not runs_triton(backend, q.device)):
@@ -57,13 +57,15 @@ def segments(q, v, ld, rd, cu_seqlens, reverse, backend, chunk_size, needs_grad=
         return S if S > 1 and T % (S * step) == 0 else 1
     from .triton.state import STATE_TILES
     from .triton.utils import block, cdiv, multiprocessors
-    if not (needs_grad or ld is None):
+    # without a decay the state kernel splits its own walks (state.segments): faster than this split there on an H100
+    # (B1 H16 T32768 f+b 1.754 against 1.795 ms, B1 H8 T16384 0.499 against 0.595; state_split_h100_session29.json);
+    # a forward alone with a decay gains nothing (below)
+    if ld is None or not needs_grad:
         return 1
     programs = B * H * cdiv(K, block(K, STATE_TILES[1])) * cdiv(v.shape[-1], block(v.shape[-1], STATE_TILES[2]))
     sms = multiprocessors(q.device)
     S = 1
-    shortest = MIN_SEGMENT[ld is not None]
-    while programs * S * 2 <= sms and T % (S * 2 * step) == 0 and T // (S * 2) >= shortest:
+    while programs * S * 2 <= sms and T % (S * 2 * step) == 0 and T // (S * 2) >= MIN_SEGMENT:
         S *= 2
     return S
 

@@ -3,6 +3,8 @@ sequences x heads and over K and V tiles.
 
 Going forward it stores the state after each chunk; in reverse the state entering each chunk from its right
 end (these are the border states that chunk_recurrence returns and the output kernel reads back)."""
+import os
+
 import torch
 import triton
 import triton.language as tl
@@ -220,24 +222,31 @@ def _border_products(S, partner, X, b_base, c_base, bord, i_k, i_v, NKT, NVT, ce
 
 @triton.jit
 def _state_kernel(k, v, b, c, u, h0, border, final, partner, X, n0, n_border, n_final, e, w, partner_n, z0, z_carry,
-                  z_final, cu, chunk_offset, T, H, K, V, NC, NVT, sb_b, sc_b, scale,
+                  z_final, cu, chunk_offset, T, H, K, V, NC, NVT, sb_b, sc_b, scale, NS,
                   DB: tl.constexpr, C: tl.constexpr, NB: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
                   HAS_B: tl.constexpr, HAS_C: tl.constexpr, HAS_H0: tl.constexpr, REVERSE: tl.constexpr,
                   VARLEN: tl.constexpr, DOT: tl.constexpr, HAS_X: tl.constexpr, GATE: tl.constexpr, ONES: tl.constexpr,
                   HAS_E: tl.constexpr, XR: tl.constexpr, SPLIT: tl.constexpr, HAS_W: tl.constexpr,
                   VSUM: tl.constexpr, HAS_Z0: tl.constexpr):
     i_nh, i_k, i_v = tl.program_id(0), tl.program_id(1), tl.program_id(2)  # sequences x heads on axis 0
-    i_n, i_h = i_nh // H, i_nh % H
+    i_n, i_h = i_nh // H, i_nh % H  # i_n: a sequence's segment (NS per sequence, _segments) and its final state's row
     if VARLEN:
         bos = tl.load(cu + i_n)
         eos = tl.load(cu + i_n + 1)
         c0 = tl.load(chunk_offset + i_n)
         i_b = i_n * 0  # B == 1
-    else:
-        bos = 0
-        eos = T
-        c0 = 0
-        i_b = i_n
+        i_seq = i_n
+        first = i_n >= 0
+    else:  # segment i_s of batch row i_b: T / NS steps, whole chunks; its borders in place among the row's
+        i_b, i_s = i_n // NS, i_n % NS
+        bos = i_s * (T // NS)
+        eos = bos + T // NS
+        c0 = i_s * (T // NS // C)
+        i_seq = i_b
+        if REVERSE:  # the initial state (h0, n0, z0) enters the segment the walk starts in
+            first = i_s == NS - 1
+        else:
+            first = i_s == 0
     nc = tl.cdiv(eos - bos, C)
     NKT = tl.num_programs(1)
     kc = i_k * BK + tl.arange(0, BK)
@@ -254,13 +263,13 @@ def _state_kernel(k, v, b, c, u, h0, border, final, partner, X, n0, n_border, n_
     bord_base = border + chunk0 * K * V
     S = tl.zeros([BK, BV], dtype=tl.float32)
     if HAS_H0:
-        S += tl.load(h0 + (i_n.to(tl.int64) * H + i_h) * K * V + kv_off, mask=mkv, other=0.0).to(tl.float32)
+        S += tl.load(h0 + (i_seq.to(tl.int64) * H + i_h) * K * V + kv_off, mask=mkv & first, other=0.0).to(tl.float32)
     # ONES (decays with one value per step): n, the state's column for one more column of v (ones, or e with
     # HAS_E), kept by every V tile and stored by the first
     n = tl.zeros([BK, NW], dtype=tl.float32)
     n_ok = mk & (i_v == 0)
     if ONES and HAS_H0:
-        n0v = tl.load(n0 + (i_n.to(tl.int64) * H + i_h) * K + kc, mask=mk, other=0.0)[:, None]
+        n0v = tl.load(n0 + (i_seq.to(tl.int64) * H + i_h) * K + kc, mask=mk & first, other=0.0)[:, None]
         if SPLIT:  # a partial sum: in the first column only
             n0v = tl.where(tl.arange(0, NW)[None, :] == 0, n0v, 0.0)
         n += n0v
@@ -269,7 +278,7 @@ def _state_kernel(k, v, b, c, u, h0, border, final, partner, X, n0, n_border, n_
     zs = tl.zeros([BV, NW], dtype=tl.float32)
     z_ok = mv & (i_k == 0)
     if VSUM and HAS_Z0:
-        z0v = tl.load(z0 + (i_n.to(tl.int64) * H + i_h) * V + vc, mask=mv, other=0.0)[:, None]
+        z0v = tl.load(z0 + (i_seq.to(tl.int64) * H + i_h) * V + vc, mask=mv & first, other=0.0)[:, None]
         if SPLIT:
             z0v = tl.where(tl.arange(0, NW)[None, :] == 0, z0v, 0.0)
         zs += z0v
@@ -375,8 +384,10 @@ def chunk_states(k, v, b, c, h0, layout, reverse, dot, state_dtype=torch.float32
     B, T, H, K = k.shape
     V = v.shape[-1]
     N = layout.N
+    # a long sequence with few programs: its segments walked side by side, then joined (_join_segments)
+    NS = segments(layout, T, H, K, V, partner is not None or c is not None, b is not None, k.device)
     border = alloc((B, H, layout.n, K, V), k.device, state_dtype)
-    final = alloc((N, H, K, V), k.device)
+    final = alloc((N * NS, H, K, V), k.device)
     # 8 warps: a program of this sequential loop is alone on its multiprocessor (one warp per scheduler at 4
     # warps, latency-bound in Nsight Compute); B=1 T=65536 H=16 constant decay f+b 4.79 -> 4.06 ms, B=2 T=8192
     # vector 4.89 -> 4.70 (benchmarks/results/tile_sweep_h100_session9_*.json)
@@ -386,7 +397,7 @@ def chunk_states(k, v, b, c, h0, layout, reverse, dot, state_dtype=torch.float32
     # T=65536 H=16 constant decay 5.39 -> 4.86 ms in tile_sweep_h100_b1t65536.json); with one decay value per
     # step also up to two programs per multiprocessor (B=2 T=8192 H=16 scalar 1.45 -> 1.29 ms; no decay and
     # decays per feature are faster with the wider tile there)
-    programs = N * H * cdiv(K, BK) * cdiv(V, BV)
+    programs = N * NS * H * cdiv(K, BK) * cdiv(V, BV)
     sms = multiprocessors(k.device)
     one_per_step = b is not None and b.shape[-1] == 1 and c is None
     if BK > 32 and not is_tuned("state") and (2 * programs <= sms or (one_per_step and programs <= 2 * sms)):
@@ -414,15 +425,15 @@ def chunk_states(k, v, b, c, h0, layout, reverse, dot, state_dtype=torch.float32
     if ones:
         assert c is None and (b is None or b.shape[-1] == 1) and (partner is None or partner_n is not None)
         n_border = alloc((B, H, layout.n, K), k.device, state_dtype)
-        n_final = alloc((N, H, K), k.device)
+        n_final = alloc((N * NS, H, K), k.device)
     z_carry = z_final = None
     if v_sums:
         assert ones and not reverse and b is None and c is None and gate is None and w is None
         z_carry = alloc((B * layout.n, H, V), k.device)
-        z_final = alloc((N, H, V), k.device)
+        z_final = alloc((N * NS, H, V), k.device)
     DB = b.shape[-1] if b is not None else 1
     dummy = border
-    grid = (N * H, cdiv(K, BK), NVT)  # axes 1 and 2 stop at 65535
+    grid = (N * NS * H, cdiv(K, BK), NVT)  # axes 1 and 2 stop at 65535
     # 4 software-pipelining stages where no decay or gate enters the loop (Triton's default 3 elsewhere; fewer where
     # they do not fit): on an H200 B2 T8192 H16 K=V=128 f+b linear attention 0.704 -> 0.688 ms, normalized 0.962 ->
     # 0.952; with decays or a key gate not (mLSTMexp 1.57 -> 1.66, GSA 4.41 -> 4.45; RESULTS.md session 22). Hopper
@@ -439,13 +450,122 @@ def chunk_states(k, v, b, c, h0, layout, reverse, dot, state_dtype=torch.float32
            z0 if z0 is not None else dummy, z_carry if v_sums else dummy, z_final if v_sums else dummy, layout.cu,
            layout.chunk_offset, T, H, K, V, layout.n, NVT,
            (b.stride(0) if b is not None and b.shape[0] > 1 else 0),
-           (c.stride(0) if c is not None and c.shape[0] > 1 else 0), float(scale),
+           (c.stride(0) if c is not None and c.shape[0] > 1 else 0), float(scale), NS,
            DB=DB, C=layout.C, NB=layout.C // BT, BT=BT, BK=BK, BV=BV, HAS_B=b is not None, HAS_C=c is not None,
            HAS_H0=h0 is not None, REVERSE=reverse, VARLEN=layout.varlen, DOT=dot, HAS_X=X is not None,
            GATE=gate is not None, ONES=ones, HAS_E=e is not None, XR=partner_right, SPLIT=split, HAS_W=w is not None,
            VSUM=v_sums, HAS_Z0=v_sums and z0 is not None, num_warps=W, num_stages=stages)
+    if NS > 1:
+        final, n_final, z_final = _join_segments(b, reverse, NS, layout.C, border, final, n_border, n_final, z_carry,
+                                                 z_final)
     if v_sums:
         return border, final, X, (n_border, n_final), (z_carry, z_final)
     if ones:
         return border, final, X, (n_border, n_final)
     return border, final, X
+
+
+# Segments of a long sequence walked side by side (chunk_states): the shortest segment split off. Forced with
+# ULA_STATE_SPLIT=S (1: never), for measurements; module variable _FORCED for tests.
+MIN_SEGMENT = 4096
+_FORCED = os.environ.get("ULA_STATE_SPLIT")
+
+
+def segments(layout, T, H, K, V, excluded, decayed, device):
+    """Segments per sequence of a state call (1: none): double them while the programs at the default tiles stay
+    within the multiprocessors, segments hold whole chunks and at least MIN_SEGMENT steps. Never with varlen, a right
+    decay or the decay gradient's border terms (excluded: their products need the joined states); with a left decay
+    only where forced: on an H100 at B1 T32768 H16 the split state calls made scalar and vector decays 4-10% slower
+    than the core's own split (ula/core/time_split.py) and mLSTMexp 2% slower than none, while normalized attention
+    gained 11% (benchmarks/results/state_split_h100_session29.json)."""
+    C = layout.C
+    if layout.varlen or excluded:
+        return 1
+    if _FORCED is not None:
+        S = int(_FORCED)
+        return S if S > 1 and T % (S * C) == 0 else 1
+    if decayed:
+        return 1
+    programs = layout.N * H * cdiv(K, block(K, STATE_TILES[1])) * cdiv(V, block(V, STATE_TILES[2]))
+    sms = multiprocessors(device)
+    S = 1
+    while programs * S * 2 <= sms and T % (S * 2 * C) == 0 and T // (S * 2) >= MIN_SEGMENT:
+        S *= 2
+    return S
+
+
+_JOIN_BLOCK = 2048
+
+
+@triton.jit
+def _add_entering_kernel(border, E, NS, nL, KV, S0, BLOCK: tl.constexpr):
+    """border[b, h, s nL + c] += E[b, h, s - S0] for the segments s = S0 .. S0 + NS - 2 (the ones with an entering
+    state) and their chunks c: border [B, H, NS nL, KV] in its dtype, E [B, H, NS - 1, KV] float32."""
+    i, j = tl.program_id(0), tl.program_id(1)
+    c = i % nL
+    s = (i // nL) % (NS - 1)
+    bh = i // (nL * (NS - 1))
+    cols = j * BLOCK + tl.arange(0, BLOCK)
+    m = cols < KV
+    e = tl.load(E + (bh * (NS - 1) + s).to(tl.int64) * KV + cols, mask=m, other=0.0)
+    ptr = border + (bh.to(tl.int64) * NS * nL + (s + S0) * nL + c) * KV + cols
+    x = tl.load(ptr, mask=m, other=0.0).to(tl.float32)
+    tl.store(ptr, (x + e).to(border.dtype.element_ty), mask=m)
+
+
+def _join_segments(b, reverse, NS, C, border, final, n_border, n_final, z_carry, z_final):
+    """The states of NS segments per sequence, each walked from zero (the initial state in the one the walk starts
+    from), joined: the state E_s entering segment s from the walk's earlier segments (a scan over their final states
+    and total decays) is added to its borders, times the decay from the segment's entry to each border. Borders and
+    the column of ones in place; returns the joined final states (final, n_final, z_final)."""
+    B, H, n = border.shape[:3]
+    nL = n // NS
+    seg = lambda x: None if x is None else x.view(B, NS, *x.shape[1:])  # noqa: E731  [B * NS, ..] -> [B, NS, ..]
+    final, n_final, z_final = seg(final), seg(n_final), seg(z_final)
+    mult = D = None
+    if b is not None:  # the log decay each chunk puts on the state walking through it: b at the step the kernel reads
+        rows = torch.arange(n, device=b.device) * C + (0 if reverse else C - 1)
+        t = b[:, rows].float()
+        t = t.view(t.shape[0], NS, nL, H, t.shape[-1]).permute(0, 3, 1, 2, 4)  # [Bg, H, NS, nL, DB]
+        inc = t.cumsum(3)
+        tot = inc[:, :, :, -1:]
+        # from the segment's entry to each border: forward through the chunk itself, in reverse up to it
+        mult = (tot - inc if reverse else inc).exp().unsqueeze(-1)  # [Bg, H, NS, nL, DB, 1]
+        D = tot.squeeze(3).exp()  # [Bg, H, NS, DB]
+    order = range(NS - 1, -1, -1) if reverse else range(NS)
+    E, En, Ez = [None] * NS, [None] * NS, [None] * NS
+    prev = None
+    for s in order:  # E_s from the segment walked before it (zero for the first walked)
+        if prev is not None:
+            d = None if D is None else D[:, :, prev]  # [Bg, H, DB]
+            E[s] = final[:, prev] + (0 if E[prev] is None else (E[prev] if d is None else d.unsqueeze(-1) * E[prev]))
+            if n_final is not None:
+                En[s] = n_final[:, prev] + (0 if En[prev] is None else (En[prev] if d is None else d * En[prev]))
+            if z_final is not None:
+                Ez[s] = z_final[:, prev] + (0 if Ez[prev] is None else Ez[prev])
+        prev = s
+    last = prev  # the walk's last segment: the joined final state leaves it
+    d = None if D is None else D[:, :, last]
+    join = lambda x, e, f: x if e is None else x + (e if f is None else f * e)  # noqa: E731
+    out_final = join(final[:, last], E[last], None if d is None else d.unsqueeze(-1))
+    out_n = None if n_final is None else join(n_final[:, last], En[last], d)
+    out_z = None if z_final is None else join(z_final[:, last], Ez[last], None)
+    sl = slice(0, NS - 1) if reverse else slice(1, NS)  # the segments with an entering state
+    Es = torch.stack(E[sl], 2)  # [B, H, NS - 1, K, V]
+    if mult is None:  # one kernel: PyTorch's broadcast add on this strided view ran at ~0.8 TB/s on an H100
+        KV = Es.shape[-1] * Es.shape[-2]
+        launch(_add_entering_kernel, (B * H * (NS - 1) * nL, cdiv(KV, _JOIN_BLOCK)), border, Es, NS, nL, KV,
+               int(not reverse), BLOCK=_JOIN_BLOCK, num_warps=4)
+    else:
+        border.view(B, H, NS, nL, *border.shape[3:])[:, :, sl].addcmul_(mult[:, :, sl], Es.unsqueeze(3))
+    if n_border is not None:
+        Ens = torch.stack(En[sl], 2).unsqueeze(3)  # [B, H, NS - 1, 1, K]
+        nv = n_border.view(B, H, NS, nL, -1)[:, :, sl]
+        if mult is None:
+            nv += Ens
+        else:
+            nv.addcmul_(mult[:, :, sl, :, :, 0], Ens)
+    if z_carry is not None:  # [B * n, H, V], the vector entering each chunk (no decay)
+        zv = z_carry.view(B, NS, nL, *z_carry.shape[1:])[:, sl]
+        zv += torch.stack(Ez[sl], 1).unsqueeze(2)
+    return out_final, out_n, out_z
