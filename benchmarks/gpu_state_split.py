@@ -5,7 +5,8 @@ against the unsplit run's (relative Frobenius difference, same bf16 inputs); als
 (B = S, T / S: the bound a split can reach).
 
     python3 benchmarks/gpu_state_split.py [--shapes "1,32768,16;1,65536,16;1,16384,8;2,8192,16"]
-        [--ops linear,scalar,vector,mlstm_exp,mlstm_sig,normalized,gla] [--modes off,entry,state,both]
+        [--ops linear,scalar,vector,mlstm_exp,mlstm_sig,normalized,gla] [--modes off,entry,state,both] [--rows]
+        [--errors]
 
 Modes: off (neither split), entry (ula/core/time_split.py alone: the state kernel unsplit), state (the state
 kernel's segments alone, ula/core/triton/state.py), both (the defaults). Writes $OUT/state_split.json with the device
@@ -71,6 +72,8 @@ def main():
     ap.add_argument("--ops", default="linear,scalar,vector,mlstm_exp,mlstm_sig,normalized,gla")
     ap.add_argument("--modes", default="off,entry,state,both")
     ap.add_argument("--rows", action="store_true", help="also the same tokens as S = 2 rows")
+    ap.add_argument("--errors", action="store_true", help="also each setting's error against the op on float32 "
+                    "copies of the inputs (unsplit), the largest relative Frobenius error over o and the gradients")
     a = ap.parse_args()
     smi = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"],
                          capture_output=True, text=True).stdout.strip()
@@ -81,8 +84,11 @@ def main():
         B, T, H = map(int, shape.split(","))
         for op in a.ops.split(","):
             fn, args = make(op, B, T, H)
-            base = None
+            base = ref = None
             line = []
+            if a.errors:
+                set_mode("off")
+                ref = outputs(fn, [x.detach().float().requires_grad_() for x in args])
             for mode in a.modes.split(","):
                 set_mode(mode)
                 outs = outputs(fn, args)
@@ -91,9 +97,12 @@ def main():
                 base = outs if base is None else base
                 fwd, fb = graph_times(fn, args)
                 mib = peak_mib(fn, args)
+                err = None if ref is None else max(
+                    ((x - y).norm() / y.norm().clamp_min(1e-30)).item() for x, y in zip(outs, ref))
                 res["results"].append(dict(op=op, B=B, T=T, H=H, mode=mode, fwd_ms=fwd, fb_ms=fb, peak_mib=mib,
-                                           rel_diff_vs_first=diff))
-                line.append(f"{mode} {fb:.3f}" + ("" if diff is None else f" ({diff:.1e})"))
+                                           rel_diff_vs_first=diff, rel_err_vs_float32=err))
+                line.append(f"{mode} {fb:.3f}" + ("" if diff is None else f" ({diff:.1e})")
+                            + ("" if err is None else f" err {err:.2e}"))
             set_mode("off")
             if a.rows and B == 1:
                 fn2, args2 = make(op, 2, T // 2, H)
@@ -102,7 +111,7 @@ def main():
                 line.append(f"rows {fb:.3f}")
                 del fn2, args2
             print(f"B{B} T{T} H{H} {op:10s} f+b ms: " + ", ".join(line), flush=True)
-            del fn, args, base, outs
+            del fn, args, base, outs, ref
             torch.cuda.empty_cache()
     set_mode("both")
     with open(os.path.join(os.environ.get("OUT", "/tmp"), "state_split.json"), "w") as fh:
