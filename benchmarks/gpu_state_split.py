@@ -9,7 +9,8 @@ against the unsplit run's (relative Frobenius difference, same bf16 inputs); als
         [--errors]
 
 Modes: off (neither split), entry (ula/core/time_split.py alone: the state kernel unsplit), state (the state
-kernel's segments alone, ula/core/triton/state.py), both (the defaults). Writes $OUT/state_split.json with the device
+kernel's segments alone, ula/core/triton/state.py), both (the defaults), state2 / state4 (the state kernel's
+split forced to 2 / 4 segments, decayed calls too, the other split off). Writes $OUT/state_split.json with the device
 line and library versions, and prints a table."""
 import argparse
 import json
@@ -28,7 +29,8 @@ from ula.core import time_split  # noqa: E402
 from ula.core.triton import state  # noqa: E402
 from gpu_time_split import peak_mib  # noqa: E402  (this folder is on the path: the script's own)
 
-MODES = {"off": ("1", "1"), "entry": (None, "1"), "state": ("1", None), "both": (None, None)}
+MODES = {"off": ("1", "1"), "entry": (None, "1"), "state": ("1", None), "both": (None, None),
+         "state2": ("1", "2"), "state4": ("1", "4")}
 
 
 def make(op, B, T, H, D=128):

@@ -475,9 +475,10 @@ def segments(layout, T, H, K, V, excluded, decayed, device):
     """Segments per sequence of a state call (1: none): double them while the programs at the default tiles stay
     within the multiprocessors, segments hold whole chunks and at least MIN_SEGMENT steps. Never with varlen, a right
     decay or the decay gradient's border terms (excluded: their products need the joined states); with a left decay
-    only where forced: on an H100 at B1 T32768 H16 the split state calls made scalar and vector decays 4-10% slower
-    than the core's own split (ula/core/time_split.py) and mLSTMexp 2% slower than none, while normalized attention
-    gained 11% (benchmarks/results/state_split_h100_session29.json)."""
+    only where forced: on an H100 (B1 T32768 H16, B1 T16384 H8) the core's own split (ula/core/time_split.py) was
+    faster for scalar and vector decays, mLSTMsig and GLA (by 3-16%), and mLSTMexp, whose decay gradient's state call
+    stays unsplit, gained 0.5% / 10% (benchmarks/results/state_split_decays_h100_session29.json), while normalized
+    attention gained 23-36% without a decay (state_split_h100_session29.json)."""
     C = layout.C
     if layout.varlen or excluded:
         return 1
@@ -498,9 +499,12 @@ _JOIN_BLOCK = 2048
 
 
 @triton.jit
-def _add_entering_kernel(border, E, NS, nL, KV, S0, BLOCK: tl.constexpr):
-    """border[b, h, s nL + c] += E[b, h, s - S0] for the segments s = S0 .. S0 + NS - 2 (the ones with an entering
-    state) and their chunks c: border [B, H, NS nL, KV] in its dtype, E [B, H, NS - 1, KV] float32."""
+def _add_entering_kernel(border, E, mult, NS, nL, V, KV, S0, H, mult_b, DB: tl.constexpr, HAS_M: tl.constexpr,
+                         BLOCK: tl.constexpr):
+    """border[b, h, s nL + c] += (mult[b, h, s, c] ⊙) E[b, h, s - S0] for the segments s = S0 .. S0 + NS - 2 (the
+    ones with an entering state) and their chunks c: border [B, H, NS nL, K V] in its dtype, E [B, H, NS - 1, K V]
+    float32, mult [Bg, H, NS, nL, DB] float32 (the decay from the segment's entry to the border, per K feature or one
+    value; batch stride mult_b, 0 when shared)."""
     i, j = tl.program_id(0), tl.program_id(1)
     c = i % nL
     s = (i // nL) % (NS - 1)
@@ -508,6 +512,12 @@ def _add_entering_kernel(border, E, NS, nL, KV, S0, BLOCK: tl.constexpr):
     cols = j * BLOCK + tl.arange(0, BLOCK)
     m = cols < KV
     e = tl.load(E + (bh * (NS - 1) + s).to(tl.int64) * KV + cols, mask=m, other=0.0)
+    if HAS_M:
+        mb = mult + (bh // H).to(tl.int64) * mult_b + (((bh % H) * NS + s + S0) * nL + c) * DB
+        if DB > 1:
+            e *= tl.load(mb + cols // V, mask=m, other=0.0)
+        else:
+            e *= tl.load(mb)
     ptr = border + (bh.to(tl.int64) * NS * nL + (s + S0) * nL + c) * KV + cols
     x = tl.load(ptr, mask=m, other=0.0).to(tl.float32)
     tl.store(ptr, (x + e).to(border.dtype.element_ty), mask=m)
@@ -552,12 +562,13 @@ def _join_segments(b, reverse, NS, C, border, final, n_border, n_final, z_carry,
     out_z = None if z_final is None else join(z_final[:, last], Ez[last], None)
     sl = slice(0, NS - 1) if reverse else slice(1, NS)  # the segments with an entering state
     Es = torch.stack(E[sl], 2)  # [B, H, NS - 1, K, V]
-    if mult is None:  # one kernel: PyTorch's broadcast add on this strided view ran at ~0.8 TB/s on an H100
-        KV = Es.shape[-1] * Es.shape[-2]
-        launch(_add_entering_kernel, (B * H * (NS - 1) * nL, cdiv(KV, _JOIN_BLOCK)), border, Es, NS, nL, KV,
-               int(not reverse), BLOCK=_JOIN_BLOCK, num_warps=4)
-    else:
-        border.view(B, H, NS, nL, *border.shape[3:])[:, :, sl].addcmul_(mult[:, :, sl], Es.unsqueeze(3))
+    # one kernel: PyTorch's broadcast add on this strided view ran at ~0.8 TB/s on an H100
+    V, KV = Es.shape[-1], Es.shape[-1] * Es.shape[-2]
+    mk = None if mult is None else mult.squeeze(-1).contiguous()  # [Bg, H, NS, nL, DB]
+    launch(_add_entering_kernel, (B * H * (NS - 1) * nL, cdiv(KV, _JOIN_BLOCK)), border, Es,
+           Es if mk is None else mk, NS, nL, V, KV, int(not reverse), H,
+           mk.stride(0) if mk is not None and mk.shape[0] > 1 else 0,
+           DB=1 if mk is None else mk.shape[-1], HAS_M=mk is not None, BLOCK=_JOIN_BLOCK, num_warps=4)
     if n_border is not None:
         Ens = torch.stack(En[sl], 2).unsqueeze(3)  # [B, H, NS - 1, 1, K]
         nv = n_border.view(B, H, NS, nL, -1)[:, :, sl]
