@@ -14,13 +14,14 @@ from ula.core import time_split  # noqa: E402
 from ula.core.triton import state  # noqa: E402
 from ula.core.triton.chunk import make_layout  # noqa: E402
 
-T, C = 256, 32  # 8 chunks: 4 segments of 2
+T, C = 256, 32  # 8 chunks: 4 segments of 2 (T / 2 and 2 segments where a test says so)
 
 
 @pytest.fixture
 def joined(monkeypatch):
-    """Segments forced (4 per sequence; the entry-term split of ula/core/time_split.py off, so that the state calls
-    see the whole sequence) and the joins recorded: (reverse, segments, with n, with z) per state call."""
+    """Segments forced (4 per sequence unless a test sets 2; the entry-term split of ula/core/time_split.py off, so
+    that the state calls see the whole sequence) and the joins recorded: (reverse, segments, with n, with z) per state
+    call."""
     monkeypatch.setattr(time_split, "_FORCED", "1")
     monkeypatch.setattr(state, "_FORCED", "4")
     calls = []
@@ -40,22 +41,27 @@ def _mild(ld):
 
 @pytest.mark.parametrize("reverse", [False, True], ids=["fwd", "rev"])
 @pytest.mark.parametrize("kind", KINDS)
-def test_core_matches_reference(kind, reverse, joined):
+def test_core_matches_reference(kind, reverse, joined, monkeypatch):
+    """Two segments of 2 chunks (T = 128: the interpreter's time), two batch rows."""
+    monkeypatch.setattr(state, "_FORCED", "2")
     seed = fresh_seed()
-    q, k, v, ld, _, s0 = make_inputs(kind, False, 2, T, 2, 16, 24, h0=True)
+    q, k, v, ld, _, s0 = make_inputs(kind, False, 2, T // 2, 2, 16, 24, h0=True)
     op = lambda *a, **kw: ula.linear_attention(*a, chunk_size=C, backend="triton", **kw)  # noqa: E731
     errs = compare_with_reference(op, (q, k, v, _mild(ld), None, s0), reverse=reverse)
     bad = {n: f"{e:.2e}" for n, e in errs.items() if not e <= 1e-4}
     assert not bad, (bad, seed)
     # the forward's state call and the backward's reverse one split; the backward's forward call, which forms the
     # decay gradient's border terms, splits only without a decay
-    walks = [r for r, S, *_ in joined if S == 4]
+    walks = [r for r, S, *_ in joined if S == 2]
     assert walks.count(reverse) == (2 if ld is None else 1) and walks.count(not reverse) == 1, joined
 
 
 @pytest.mark.parametrize("h0", [False, True])
-def test_normalized_matches_reference(h0, joined):
-    """The a part's sums (z) and the column of ones (n) join too; a per-head tensor a, b the core's scale."""
+def test_normalized_matches_reference(h0, joined, monkeypatch):
+    """The a part's sums (z) and the column of ones (n) join too; a per-head tensor a, b the core's scale. From an
+    initial state 4 segments, else 2 (T = 128)."""
+    S, T_ = (4, T) if h0 else (2, T // 2)
+    monkeypatch.setattr(state, "_FORCED", str(S))
     seed = fresh_seed()
     B, H, K, V = 2, 2, 16, 16
     S0 = None
@@ -64,29 +70,30 @@ def test_normalized_matches_reference(h0, joined):
         vp = torch.randn(B, 6, H, V)
         one = lambda x: torch.cat([x, torch.ones_like(x[..., :1])], -1)  # noqa: E731
         S0 = torch.einsum("nthk,nthv->nhkv", one(kp), one(vp))
-    inp = dict(q=torch.randn(B, T, H, K), k=torch.randn(B, T, H, K), v=torch.randn(B, T, H, V),
+    inp = dict(q=torch.randn(B, T_, H, K), k=torch.randn(B, T_, H, K), v=torch.randn(B, T_, H, V),
                a=torch.rand(H) + 1.2, b=0.8, h0=S0)
     errs = compare(lambda h0, **x: ula.normalized_linear_attention(**x, initial_state=h0, output_final_state=True,
                                                                    chunk_size=C, backend="triton"),
                    lambda **x: ref_normalized(**x), inp)
     check(errs, seed)
-    assert (False, 4, True, True) in joined and (True, 4, True, False) in joined, joined
+    assert (False, S, True, True) in joined and (True, S, True, False) in joined, joined
 
 
-def test_mlstm_exp_matches_reference(joined):
-    """mLSTMexp: a scalar decay, a key gate and the column of ones, from an initial state (C, n, m)."""
+def test_mlstm_exp_matches_reference(joined, monkeypatch):
+    """mLSTMexp: a scalar decay, a key gate and the column of ones, from an initial state (C, n, m); 2 segments."""
+    monkeypatch.setattr(state, "_FORCED", "2")
     seed = fresh_seed()
-    B, H, K, V = 2, 2, 16, 16
-    q, k = torch.randn(B, T, H, K).abs() + 0.1, torch.randn(B, T, H, K).abs() + 0.1
-    i, f = torch.randn(B, T, H) * 3, torch.randn(B, T, H) * 2 + 4  # forget gates near 1: states last
-    inp = dict(q=q, k=k, v=torch.randn(B, T, H, V), i=i, f=f,
+    B, T_, H, K, V = 2, T // 2, 2, 16, 16
+    q, k = torch.randn(B, T_, H, K).abs() + 0.1, torch.randn(B, T_, H, K).abs() + 0.1
+    i, f = torch.randn(B, T_, H) * 3, torch.randn(B, T_, H) * 2 + 4  # forget gates near 1: states last
+    inp = dict(q=q, k=k, v=torch.randn(B, T_, H, V), i=i, f=f,
                h0=(torch.randn(B, H, K, V), torch.randn(B, H, K).abs(), torch.randn(B, H)))
     errs = compare(lambda h0, **a: ula.mlstm(**a, variant="exp", initial_state=h0, output_final_state=True,
                                              chunk_size=C, backend="triton"),
                    lambda h0, **a: ref_mlstm_exp(**a, h0=h0), inp)
     check({n: e for n, e in errs.items() if n != "dh02"}, seed)
     check({n: e for n, e in errs.items() if n == "dh02"}, seed, tol=1e-3)
-    assert (False, 4, True, False) in joined and (True, 4, True, False) in joined, joined
+    assert (False, 2, True, False) in joined and (True, 2, True, False) in joined, joined
 
 
 def test_which_calls_split(monkeypatch):
