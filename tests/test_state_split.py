@@ -1,7 +1,8 @@
 """The state kernel's segments (ula/core/triton/state.py: chunk_states walks NS segments of a long sequence side by
 side, then joins them): forced on small shapes, every op that reads states against autograd through its float64
-reference (the core's decay kinds in both directions, the column of ones of normalized attention with its a part
-and of mLSTMexp), with a check that the joined calls ran; and which calls split."""
+reference (the core's decay kinds in both directions, with the decay gradient's border terms; the column of ones of
+normalized attention with its a part and of mLSTMexp), with a check that the joined calls ran; and which calls
+split."""
 import pytest
 import torch
 
@@ -50,10 +51,10 @@ def test_core_matches_reference(kind, reverse, joined, monkeypatch):
     errs = compare_with_reference(op, (q, k, v, _mild(ld), None, s0), reverse=reverse)
     bad = {n: f"{e:.2e}" for n, e in errs.items() if not e <= 1e-4}
     assert not bad, (bad, seed)
-    # the forward's state call and the backward's reverse one split; the backward's forward call, which forms the
-    # decay gradient's border terms, splits only without a decay
+    # all three state calls split: the forward's, the backward's reverse one and its forward one (with a decay, the
+    # last forms the decay gradient's border terms, which the join completes)
     walks = [r for r, S, *_ in joined if S == 2]
-    assert walks.count(reverse) == (2 if ld is None else 1) and walks.count(not reverse) == 1, joined
+    assert walks.count(reverse) == 2 and walks.count(not reverse) == 1, joined
 
 
 @pytest.mark.parametrize("h0", [False, True])
@@ -99,7 +100,7 @@ def test_mlstm_exp_matches_reference(joined, monkeypatch):
 def test_which_calls_split(monkeypatch):
     """On a faked 132-multiprocessor GPU: few sequences x heads over a long T split (segments of at least
     MIN_SEGMENT steps, whole chunks); many programs, varlen, T not a multiple of the segments' chunks, and calls
-    with a decay or border terms do not."""
+    with a right decay do not, nor with a left decay under 4 segments."""
     monkeypatch.setattr(state, "_FORCED", None)
     monkeypatch.setattr(state, "multiprocessors", lambda device: 132)
     dev = torch.device("cpu")
@@ -112,7 +113,8 @@ def test_which_calls_split(monkeypatch):
     assert seg(1, 8192, 8) == 2  # segments of MIN_SEGMENT
     assert seg(2, 8192, 16) == 1  # 128 programs
     assert seg(1, 32768 + 64, 16) == 1  # not whole chunks in each segment
-    assert seg(1, 32768, 16, excluded=True) == 1
-    assert seg(1, 32768, 16, decayed=True) == 1  # a left decay: the core's own split serves it (time_split.py)
+    assert seg(1, 32768, 16, excluded=True) == 1  # a right decay
+    assert seg(1, 32768, 16, decayed=True) == 1  # a left decay: only at 4 segments or more
+    assert seg(1, 16384, 8, decayed=True) == 4
     assert seg(1, 32768, 16, cu=torch.tensor([0, 32768])) == 1
     assert seg(1, 4096, 4) == 1  # segments under MIN_SEGMENT

@@ -237,12 +237,14 @@ def _state_kernel(k, v, b, c, u, h0, border, final, partner, X, n0, n_border, n_
         i_b = i_n * 0  # B == 1
         i_seq = i_n
         first = i_n >= 0
+        seq_end = eos
     else:  # segment i_s of batch row i_b: T / NS steps, whole chunks; its borders in place among the row's
         i_b, i_s = i_n // NS, i_n % NS
         bos = i_s * (T // NS)
         eos = bos + T // NS
         c0 = i_s * (T // NS // C)
         i_seq = i_b
+        seq_end = T  # a segment's last border takes the decay of the next segment's first step
         if REVERSE:  # the initial state (h0, n0, z0) enters the segment the walk starts in
             first = i_s == NS - 1
         else:
@@ -297,8 +299,8 @@ def _state_kernel(k, v, b, c, u, h0, border, final, partner, X, n0, n_border, n_
             if ONES:
                 _store_n(n_border + (chunk0 + idx) * K, kc, n, n_ok, SPLIT)
             if HAS_X:
-                _border_products(S, partner, X, b_base, c_base, chunk0 + idx, i_k, i_v, NKT, NVT, ce, eos, kv_off, kc,
-                                 vc, mk, mv, mkv, K, V, H, DB, REVERSE, n, partner_n, n_ok, ONES, XR, SPLIT)
+                _border_products(S, partner, X, b_base, c_base, chunk0 + idx, i_k, i_v, NKT, NVT, ce, seq_end, kv_off,
+                                 kc, vc, mk, mv, mkv, K, V, H, DB, REVERSE, n, partner_n, n_ok, ONES, XR, SPLIT)
         b_end = 0.0
         c_end = 0.0
         if HAS_F and NB <= 2:
@@ -349,8 +351,8 @@ def _state_kernel(k, v, b, c, u, h0, border, final, partner, X, n0, n_border, n_
             if ONES:
                 _store_n(n_border + (chunk0 + idx) * K, kc, n, n_ok, SPLIT)
             if HAS_X:
-                _border_products(S, partner, X, b_base, c_base, chunk0 + idx, i_k, i_v, NKT, NVT, ce, eos, kv_off, kc,
-                                 vc, mk, mv, mkv, K, V, H, DB, REVERSE, n, partner_n, n_ok, ONES, XR, SPLIT)
+                _border_products(S, partner, X, b_base, c_base, chunk0 + idx, i_k, i_v, NKT, NVT, ce, seq_end, kv_off,
+                                 kc, vc, mk, mv, mkv, K, V, H, DB, REVERSE, n, partner_n, n_ok, ONES, XR, SPLIT)
     tl.store(final + (i_n.to(tl.int64) * H + i_h) * K * V + kv_off, S, mask=mkv)
     if ONES:
         _store_n(n_final + (i_n.to(tl.int64) * H + i_h) * K, kc, n, n_ok, SPLIT)
@@ -385,7 +387,7 @@ def chunk_states(k, v, b, c, h0, layout, reverse, dot, state_dtype=torch.float32
     V = v.shape[-1]
     N = layout.N
     # a long sequence with few programs: its segments walked side by side, then joined (_join_segments)
-    NS = segments(layout, T, H, K, V, partner is not None or c is not None, b is not None, k.device)
+    NS = segments(layout, T, H, K, V, c is not None, b is not None, k.device)
     border = alloc((B, H, layout.n, K, V), k.device, state_dtype)
     final = alloc((N * NS, H, K, V), k.device)
     # 8 warps: a program of this sequential loop is alone on its multiprocessor (one warp per scheduler at 4
@@ -457,7 +459,7 @@ def chunk_states(k, v, b, c, h0, layout, reverse, dot, state_dtype=torch.float32
            VSUM=v_sums, HAS_Z0=v_sums and z0 is not None, num_warps=W, num_stages=stages)
     if NS > 1:
         final, n_final, z_final = _join_segments(b, reverse, NS, layout.C, border, final, n_border, n_final, z_carry,
-                                                 z_final)
+                                                 z_final, (partner, partner_n, X))
     if v_sums:
         return border, final, X, (n_border, n_final), (z_carry, z_final)
     if ones:
@@ -473,26 +475,24 @@ _FORCED = os.environ.get("ULA_STATE_SPLIT")
 
 def segments(layout, T, H, K, V, excluded, decayed, device):
     """Segments per sequence of a state call (1: none): double them while the programs at the default tiles stay
-    within the multiprocessors, segments hold whole chunks and at least MIN_SEGMENT steps. Never with varlen, a right
-    decay or the decay gradient's border terms (excluded: their products need the joined states); with a left decay
-    only where forced: on an H100 (B1 T32768 H16, B1 T16384 H8) the core's own split (ula/core/time_split.py) was
-    faster for scalar and vector decays, mLSTMsig and GLA (by 3-16%), and mLSTMexp, whose decay gradient's state call
-    stays unsplit, gained 0.5% / 10% (benchmarks/results/state_split_decays_h100_session29.json), while normalized
-    attention gained 23-36% without a decay (state_split_h100_session29.json)."""
+    within the multiprocessors, segments hold whole chunks and at least MIN_SEGMENT steps. Never with varlen or a right
+    decay (excluded); with a left decay only at 4 segments or more. On an H100, f+b, all three state calls split
+    (benchmarks/results/state_split_decays_terms_h100_session29.json): at B1 T16384 H8, 4 segments, scalar / vector /
+    mLSTMexp / mLSTMsig / GLA -10 / -21 / -18 / -13 / -15% against no split (and faster than the core's own split,
+    ula/core/time_split.py, which takes such training calls of the core first); at B1 T32768 H16, 2 segments, +2 /
+    -6 / -1 / -1 / +2%. Without a decay normalized attention gained 23-36% (state_split_h100_session29.json)."""
     C = layout.C
     if layout.varlen or excluded:
         return 1
     if _FORCED is not None:
         S = int(_FORCED)
         return S if S > 1 and T % (S * C) == 0 else 1
-    if decayed:
-        return 1
     programs = layout.N * H * cdiv(K, block(K, STATE_TILES[1])) * cdiv(V, block(V, STATE_TILES[2]))
     sms = multiprocessors(device)
     S = 1
     while programs * S * 2 <= sms and T % (S * 2 * C) == 0 and T // (S * 2) >= MIN_SEGMENT:
         S *= 2
-    return S
+    return 1 if decayed and S < 4 else S
 
 
 _JOIN_BLOCK = 2048
@@ -523,11 +523,48 @@ def _add_entering_kernel(border, E, mult, NS, nL, V, KV, S0, H, mult_b, DB: tl.c
     tl.store(ptr, (x + e).to(border.dtype.element_ty), mask=m)
 
 
-def _join_segments(b, reverse, NS, C, border, final, n_border, n_final, z_carry, z_final):
+_TERMS_BK = 16
+
+
+@triton.jit
+def _entering_terms_kernel(P, Pn, E, En, F, X, NS, nL, K, V, NVT, S0, H, f_b, DB: tl.constexpr, ONES: tl.constexpr,
+                           BK: tl.constexpr, BV: tl.constexpr):
+    """X[b, h, s nL + c, 0, k] += F[b, h, s, c, k] (Σ_v E[b, h, s - S0, k, v] P[b, h, s nL + c, k, v] + En Pn) for the
+    segments with an entering state: P the partner borders [B, H, n, K, V], Pn [B, H, n, K], E [B, H, NS - 1, K, V],
+    En [B, H, NS - 1, K], F [Bg, H, NS, nL, DB] float32 (the decays; batch stride f_b), X [B, H, n, NVT, K]."""
+    i, j = tl.program_id(0), tl.program_id(1)
+    c = i % nL
+    s = (i // nL) % (NS - 1)
+    bh = i // (nL * (NS - 1))
+    kc = j * BK + tl.arange(0, BK)
+    vc = tl.arange(0, BV)
+    mk = kc < K
+    mkv = mk[:, None] & (vc < V)[None, :]
+    bord = bh.to(tl.int64) * NS * nL + (s + S0) * nL + c
+    seg = bh.to(tl.int64) * (NS - 1) + s
+    e = tl.load(E + seg * K * V + kc[:, None] * V + vc[None, :], mask=mkv, other=0.0)
+    p = tl.load(P + bord * K * V + kc[:, None] * V + vc[None, :], mask=mkv, other=0.0).to(tl.float32)
+    x = tl.sum(e * p, 1)
+    if ONES:
+        pn = tl.load(Pn + bord * K + kc, mask=mk, other=0.0).to(tl.float32)
+        x += tl.load(En + seg * K + kc, mask=mk, other=0.0) * pn
+    fb = F + (bh // H).to(tl.int64) * f_b + (((bh % H) * NS + s + S0) * nL + c) * DB
+    if DB > 1:
+        x *= tl.load(fb + kc, mask=mk, other=0.0)
+    else:
+        x *= tl.load(fb)
+    ptr = X + bord * NVT * K + kc
+    tl.store(ptr, tl.load(ptr, mask=mk, other=0.0) + x, mask=mk)
+
+
+def _join_segments(b, reverse, NS, C, border, final, n_border, n_final, z_carry, z_final, terms=(None, None, None)):
     """The states of NS segments per sequence, each walked from zero (the initial state in the one the walk starts
     from), joined: the state E_s entering segment s from the walk's earlier segments (a scan over their final states
     and total decays) is added to its borders, times the decay from the segment's entry to each border. Borders and
-    the column of ones in place; returns the joined final states (final, n_final, z_final)."""
+    the column of ones in place; returns the joined final states (final, n_final, z_final). terms = (partner,
+    partner_n, X): the decay gradient's border terms X, formed by the kernel from each segment's own states, get the
+    entering state's share, E ⊙ partner summed over V (and its column of ones), times the decay to the border and that
+    of the step after it."""
     B, H, n = border.shape[:3]
     nL = n // NS
     seg = lambda x: None if x is None else x.view(B, NS, *x.shape[1:])  # noqa: E731  [B * NS, ..] -> [B, NS, ..]
@@ -576,6 +613,20 @@ def _join_segments(b, reverse, NS, C, border, final, n_border, n_final, z_carry,
             nv += Ens
         else:
             nv.addcmul_(mult[:, :, sl, :, :, 0], Ens)
+    partner, partner_n, X = terms
+    if X is not None:  # left decays only (a right decay is not split)
+        rows = torch.arange(1, n + 1, device=b.device) * C - (1 if reverse else 0)
+        lam = b[:, rows.clamp_max(b.shape[1] - 1)].float()  # the step after each border; none at the sequence's end
+        if not reverse:
+            lam[:, -1] = 0.0
+        lam = lam.view(lam.shape[0], NS, nL, H, lam.shape[-1]).permute(0, 3, 1, 2, 4)  # [Bg, H, NS, nL, DB]
+        f = (mult.squeeze(-1) * lam.exp()).contiguous()
+        Ens = torch.stack(En[sl], 2) if n_border is not None else Es  # [B, H, NS - 1, K]
+        K, V = Es.shape[-2], Es.shape[-1]
+        launch(_entering_terms_kernel, (B * H * (NS - 1) * nL, cdiv(K, _TERMS_BK)), partner,
+               partner if partner_n is None else partner_n, Es, Ens, f, X, NS, nL, K, V, X.shape[3], int(not reverse),
+               H, f.stride(0) if f.shape[0] > 1 else 0, DB=f.shape[-1], ONES=n_border is not None, BK=_TERMS_BK,
+               BV=block(V, 256), num_warps=4)
     if z_carry is not None:  # [B * n, H, V], the vector entering each chunk (no decay)
         zv = z_carry.view(B, NS, nL, *z_carry.shape[1:])[:, sl]
         zv += torch.stack(Ez[sl], 1).unsqueeze(2)
