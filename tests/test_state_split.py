@@ -43,8 +43,10 @@ def _mild(ld):
 @pytest.mark.parametrize("reverse", [False, True], ids=["fwd", "rev"])
 @pytest.mark.parametrize("kind", KINDS)
 def test_core_matches_reference(kind, reverse, joined, monkeypatch):
-    """Two segments of 2 chunks (T = 128: the interpreter's time), two batch rows."""
+    """Two segments of 2 chunks (T = 128: the interpreter's time), two batch rows; the border terms' kernel over V in
+    steps of 16 (V = 24: two)."""
     monkeypatch.setattr(state, "_FORCED", "2")
+    monkeypatch.setattr(state, "_TERMS_BV", 16)
     seed = fresh_seed()
     q, k, v, ld, _, s0 = make_inputs(kind, False, 2, T // 2, 2, 16, 24, h0=True)
     op = lambda *a, **kw: ula.linear_attention(*a, chunk_size=C, backend="triton", **kw)  # noqa: E731

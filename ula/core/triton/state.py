@@ -523,7 +523,7 @@ def _add_entering_kernel(border, E, mult, NS, nL, V, KV, S0, H, mult_b, DB: tl.c
     tl.store(ptr, (x + e).to(border.dtype.element_ty), mask=m)
 
 
-_TERMS_BK = 16
+_TERMS_BK, _TERMS_BV = 16, 128  # K rows per program; V columns per step of its loop
 
 
 @triton.jit
@@ -537,14 +537,16 @@ def _entering_terms_kernel(P, Pn, E, En, F, X, NS, nL, K, V, NVT, S0, H, f_b, DB
     s = (i // nL) % (NS - 1)
     bh = i // (nL * (NS - 1))
     kc = j * BK + tl.arange(0, BK)
-    vc = tl.arange(0, BV)
     mk = kc < K
-    mkv = mk[:, None] & (vc < V)[None, :]
     bord = bh.to(tl.int64) * NS * nL + (s + S0) * nL + c
     seg = bh.to(tl.int64) * (NS - 1) + s
-    e = tl.load(E + seg * K * V + kc[:, None] * V + vc[None, :], mask=mkv, other=0.0)
-    p = tl.load(P + bord * K * V + kc[:, None] * V + vc[None, :], mask=mkv, other=0.0).to(tl.float32)
-    x = tl.sum(e * p, 1)
+    x = tl.zeros([BK], dtype=tl.float32)
+    for v0 in range(0, V, BV):
+        vc = v0 + tl.arange(0, BV)
+        mkv = mk[:, None] & (vc < V)[None, :]
+        e = tl.load(E + seg * K * V + kc[:, None] * V + vc[None, :], mask=mkv, other=0.0)
+        p = tl.load(P + bord * K * V + kc[:, None] * V + vc[None, :], mask=mkv, other=0.0).to(tl.float32)
+        x += tl.sum(e * p, 1)
     if ONES:
         pn = tl.load(Pn + bord * K + kc, mask=mk, other=0.0).to(tl.float32)
         x += tl.load(En + seg * K + kc, mask=mk, other=0.0) * pn
@@ -626,7 +628,7 @@ def _join_segments(b, reverse, NS, C, border, final, n_border, n_final, z_carry,
         launch(_entering_terms_kernel, (B * H * (NS - 1) * nL, cdiv(K, _TERMS_BK)), partner,
                partner if partner_n is None else partner_n, Es, Ens, f, X, NS, nL, K, V, X.shape[3], int(not reverse),
                H, f.stride(0) if f.shape[0] > 1 else 0, DB=f.shape[-1], ONES=n_border is not None, BK=_TERMS_BK,
-               BV=block(V, 256), num_warps=4)
+               BV=block(V, _TERMS_BV), num_warps=4)
     if z_carry is not None:  # [B * n, H, V], the vector entering each chunk (no decay)
         zv = z_carry.view(B, NS, nL, *z_carry.shape[1:])[:, sl]
         zv += torch.stack(Ez[sl], 1).unsqueeze(2)
