@@ -34,10 +34,11 @@ def make_inputs(kind, right, B, T, H, K, V, *, h0=True, N=None, dtype=torch.floa
     return q, k, v, ld, rd, s0
 
 
-def rel(x, ref):
+def rel(x, ref, floor=1e-30):
+    """|x - ref| / max(|ref|, floor) (Frobenius norms)."""
     x, ref = x.detach().double().cpu(), ref.detach().double().cpu()
     assert torch.isfinite(x).all(), "non-finite values (an unwritten or overflowed element)"
-    return ((x - ref).norm() / ref.norm().clamp_min(1e-30)).item()
+    return ((x - ref).norm() / ref.norm().clamp_min(floor)).item()
 
 
 def compare_with_reference(fn, inputs, *, final=True, **kw):

@@ -194,8 +194,10 @@ def test_mlstm_input_gate_80_float64_signed():
                v=torch.randn(B, T, H, V, dtype=d), i=i, f=torch.rand(B, T, H, dtype=d) * 40 - 30,
                h0=(torch.randn(B, H, K, V, dtype=d), torch.randn(B, H, K, dtype=d), torch.randn(B, H, dtype=d)))
     # a float64 initial state keeps the states in float64 (without one they are float32: see the report)
+    # m_0's gradient is all below 1e-9 on some draws (every m_0 far under the gates' maxima: 1.7e-12 at seed
+    # 1394273674, off by 1.7e-16 there): relative to at least 1e-9
     errs = compare(lambda h0, **a: ula.mlstm(**a, initial_state=h0, **KW), lambda h0, **a: ref_mlstm_exp(**a, h0=h0),
-                   inp)
+                   inp, floors={"dh02": 1e-9})
     _check({n: e for n, e in errs.items() if n != "dh02"}, seed, tol=1e-9)
     _check({"dh02": errs["dh02"]}, seed, tol=1e-6)  # m_0: reaches h only through log decays, see test_ops_mlstm
 

@@ -207,12 +207,13 @@ def per_sequence(ref, cu, token_args, other_args, h0=None):
     return torch.cat(outs, 1), S
 
 
-def compare(op, ref, inputs, *, final=True, grad=True, ref_float32=False):
+def compare(op, ref, inputs, *, final=True, grad=True, ref_float32=False, floors=None):
     """op(**inputs) -> (o, state) in float32; ref(**inputs in float64) -> (o, state). inputs: name ->
     tensor, tuple of tensors, or a non-tensor. Returns {name: relative error} for o, every state part
     and the gradient of every floating input (through o and the final state, random cotangents).
     ref_float32: also run ref in float32 on the same cotangents and return (errors, errors of that float32
-    recurrence): how ill-conditioned each quantity is on this draw."""
+    recurrence): how ill-conditioned each quantity is on this draw. floors: {error name: the smallest reference
+    norm an error is relative to} (a gradient that is all rounding-sized on a draw)."""
     def leaf(dt):
         def f(x):
             if isinstance(x, torch.Tensor) and x.is_floating_point():
@@ -246,7 +247,8 @@ def compare(op, ref, inputs, *, final=True, grad=True, ref_float32=False):
                 for j, (a, b) in enumerate(zip(_flat(leaves[n]), _flat(refs[n]))):
                     if isinstance(a, torch.Tensor) and a.requires_grad:
                         assert a.grad is not None, f"no gradient for {n}"
-                        errs[f"d{n}{j if isinstance(leaves[n], tuple) else ''}"] = rel(a.grad, b.grad)
+                        name = f"d{n}{j if isinstance(leaves[n], tuple) else ''}"
+                        errs[name] = rel(a.grad, b.grad, (floors or {}).get(name, 1e-30))
         return errs
 
     if ref_float32:
