@@ -35,7 +35,10 @@ MODES = {"off": ("1", "1"), "entry": (None, "1"), "state": ("1", None), "both": 
 
 def make(op, B, T, H, D=128):
     g = torch.Generator(device="cuda").manual_seed(0)
-    r = lambda *s, sc=1.0: (torch.randn(*s, device="cuda", generator=g) * sc).to(torch.bfloat16).requires_grad_()  # noqa
+
+    def r(*s, sc=1.0):
+        return (torch.randn(*s, device="cuda", generator=g) * sc).to(torch.bfloat16).requires_grad_()
+
     q, k, v = r(B, T, H, D, sc=D ** -0.5), r(B, T, H, D, sc=D ** -0.5), r(B, T, H, D)
     i = (torch.randn(B, T, H, device="cuda", generator=g) - 2).requires_grad_()
     f = (torch.randn(B, T, H, device="cuda", generator=g) + 4).requires_grad_()

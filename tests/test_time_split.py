@@ -143,9 +143,9 @@ def test_which_calls_split(monkeypatch):
 ])
 def test_segments_heuristic(B, T, H, D, decay, grad, want, monkeypatch):
     """The default choice on a GPU with 132 multiprocessors (an H100; faked here)."""
-    from ula.core.triton import utils
+    from ula.core.triton import state  # the count is state.split_count's, shared with the state kernel's split
     monkeypatch.setattr(time_split, "_FORCED", None)
-    monkeypatch.setattr(utils, "multiprocessors", lambda device: 132)
+    monkeypatch.setattr(state, "multiprocessors", lambda device: 132)
     q = torch.zeros(1, 1, 1, 1).expand(B, T, H, D)  # shapes only: no memory behind them
     ld = torch.zeros(1, 1, 1).expand(B, T, H) if decay else None
     assert time_split.segments(q, q, ld, None, None, False, "triton", 128, grad) == want

@@ -16,9 +16,10 @@ call from E); the entry term's dE kernel forms those, and autograd carries them 
 Inside a context-parallel slice (context_parallel.py) the segments' backward initial states also take the slice's
 entering state, decayed to each segment's start (_EnteringRows), so a rank's local pass splits as one GPU's call does.
 
-Taken on the Triton backend in eager calls with a left decay or none (key gate allowed), forward direction, no
-right decay, no cu_seqlens, T a multiple of S chunks; `segments` picks S. ULA_TIME_SPLIT=S sets it for every such
-call (1: never split), for measurements."""
+Taken on the Triton backend in eager training calls with a left decay (key gate allowed), forward direction, no
+right decay, no cu_seqlens, T a multiple of S chunks; `segments` picks S. Without a decay the state kernel splits
+its own walk instead (ula/core/triton/state.py, segments). ULA_TIME_SPLIT=S sets S for every such call, with a decay
+or none (1: never split), for measurements."""
 import os
 
 import torch
@@ -42,10 +43,11 @@ def segments(q, v, ld, rd, cu_seqlens, reverse, backend, chunk_size, needs_grad=
     multiprocessors and segments keep MIN_SEGMENT steps. Forward+backward, bf16, K=V=128, on an H100, this choice
     against no split in the same call (benchmarks/results/time_split_kept_h100_session28.json): B1 H16 (64 programs,
     S = 2) at T = 32768 / 65536, constant +1% / -2%, scalar -5% / -5%, vector -9% / -11%; B1 H8 T16384 (32
-    programs, S = 2) -8%, -9%, -17% (no decay: -17% / -17% / -25% here, now the state kernel's split's). At B2 H16 (128 programs) every kind was slower
-    split (time_split_h200_session28.json): no split. A forward alone with a decay gains nothing (the entry term costs
-    what the state call saves). Without a decay the state kernel's own split (ula/core/triton/state.py, segments)
-    serves every call, forward alone too: this one takes calls with a decay and gradients only."""
+    programs, S = 2) -8%, -9%, -17% (no decay: -17% / -17% / -25% here, now the state kernel's split's). At B2 H16
+    (128 programs) every kind was slower split (time_split_h200_session28.json): no split. A forward alone with a
+    decay gains nothing (the entry term costs what the state call saves). Without a decay the state kernel's own split
+    (ula/core/triton/state.py, segments) serves every call, forward alone too: this one takes calls with a decay and
+    gradients only."""
     B, T, H, K = q.shape
     if (rd is not None or cu_seqlens is not None or reverse or K > 256 or q.dtype == torch.float64
             or torch.compiler.is_compiling() or not runs_triton(backend, q.device)):
@@ -55,19 +57,13 @@ def segments(q, v, ld, rd, cu_seqlens, reverse, backend, chunk_size, needs_grad=
     if _FORCED is not None:
         S = int(_FORCED)
         return S if S > 1 and T % (S * step) == 0 else 1
-    from .triton.state import STATE_TILES
-    from .triton.utils import block, cdiv, multiprocessors
+    from .triton.state import split_count
     # without a decay the state kernel splits its own walks (state.segments): faster than this split there on an H100
     # (B1 H16 T32768 f+b 1.754 against 1.795 ms, B1 H8 T16384 0.499 against 0.595; state_split_h100_session29.json);
     # a forward alone with a decay gains nothing (below)
     if ld is None or not needs_grad:
         return 1
-    programs = B * H * cdiv(K, block(K, STATE_TILES[1])) * cdiv(v.shape[-1], block(v.shape[-1], STATE_TILES[2]))
-    sms = multiprocessors(q.device)
-    S = 1
-    while programs * S * 2 <= sms and T % (S * 2 * step) == 0 and T // (S * 2) >= MIN_SEGMENT:
-        S *= 2
-    return S
+    return split_count(B, T, H, K, v.shape[-1], step, MIN_SEGMENT, q.device)
 
 
 class _EntryTerms(torch.autograd.Function):

@@ -487,15 +487,37 @@ def segments(layout, T, H, K, V, excluded, decayed, device):
     if _FORCED is not None:
         S = int(_FORCED)
         return S if S > 1 and T % (S * C) == 0 else 1
-    programs = layout.N * H * cdiv(K, block(K, STATE_TILES[1])) * cdiv(V, block(V, STATE_TILES[2]))
-    sms = multiprocessors(device)
-    S = 1
-    while programs * S * 2 <= sms and T % (S * 2 * C) == 0 and T // (S * 2) >= MIN_SEGMENT:
-        S *= 2
+    S = split_count(layout.N, T, H, K, V, C, MIN_SEGMENT, device)
     return 1 if decayed and S < 4 else S
 
 
+def split_count(N, T, H, K, V, step, shortest, device):
+    """How many segments N sequences of T steps split into to fill the GPU (this kernel's split and
+    ula/core/time_split.py's): doubled while the state kernel's programs at its default tiles times the segments stay
+    within the multiprocessors, and segments hold whole `step`s and at least `shortest` steps."""
+    programs = N * H * cdiv(K, block(K, STATE_TILES[1])) * cdiv(V, block(V, STATE_TILES[2]))
+    sms = multiprocessors(device)
+    S = 1
+    while programs * S * 2 <= sms and T % (S * 2 * step) == 0 and T // (S * 2) >= shortest:
+        S *= 2
+    return S
+
+
 _JOIN_BLOCK = 2048
+
+
+@triton.jit
+def _segment_border(i, nL, NS, S0, H, F, f_b, DB: tl.constexpr):
+    """Program i of the join kernels, one per border c = i % nL of a segment s with an entering state (S0 + the
+    program's segment among the NS - 1 such, per batch row x head bh): (the border's index among all [B, H, n], the
+    entering state's row among [B, H, NS - 1], the decays' address in F [Bg, H, NS, nL, DB], batch stride f_b)."""
+    c = i % nL
+    s = (i // nL) % (NS - 1)
+    bh = i // (nL * (NS - 1))
+    bord = bh.to(tl.int64) * NS * nL + (s + S0) * nL + c
+    seg = bh.to(tl.int64) * (NS - 1) + s
+    fb = F + (bh // H).to(tl.int64) * f_b + (((bh % H) * NS + s + S0) * nL + c) * DB
+    return bord, seg, fb
 
 
 @triton.jit
@@ -506,19 +528,16 @@ def _add_entering_kernel(border, E, mult, NS, nL, V, KV, S0, H, mult_b, DB: tl.c
     float32, mult [Bg, H, NS, nL, DB] float32 (the decay from the segment's entry to the border, per K feature or one
     value; batch stride mult_b, 0 when shared)."""
     i, j = tl.program_id(0), tl.program_id(1)
-    c = i % nL
-    s = (i // nL) % (NS - 1)
-    bh = i // (nL * (NS - 1))
+    bord, seg, mb = _segment_border(i, nL, NS, S0, H, mult, mult_b, DB)
     cols = j * BLOCK + tl.arange(0, BLOCK)
     m = cols < KV
-    e = tl.load(E + (bh * (NS - 1) + s).to(tl.int64) * KV + cols, mask=m, other=0.0)
+    e = tl.load(E + seg * KV + cols, mask=m, other=0.0)
     if HAS_M:
-        mb = mult + (bh // H).to(tl.int64) * mult_b + (((bh % H) * NS + s + S0) * nL + c) * DB
         if DB > 1:
             e *= tl.load(mb + cols // V, mask=m, other=0.0)
         else:
             e *= tl.load(mb)
-    ptr = border + (bh.to(tl.int64) * NS * nL + (s + S0) * nL + c) * KV + cols
+    ptr = border + bord * KV + cols
     x = tl.load(ptr, mask=m, other=0.0).to(tl.float32)
     tl.store(ptr, (x + e).to(border.dtype.element_ty), mask=m)
 
@@ -533,13 +552,9 @@ def _entering_terms_kernel(P, Pn, E, En, F, X, NS, nL, K, V, NVT, S0, H, f_b, DB
     segments with an entering state: P the partner borders [B, H, n, K, V], Pn [B, H, n, K], E [B, H, NS - 1, K, V],
     En [B, H, NS - 1, K], F [Bg, H, NS, nL, DB] float32 (the decays; batch stride f_b), X [B, H, n, NVT, K]."""
     i, j = tl.program_id(0), tl.program_id(1)
-    c = i % nL
-    s = (i // nL) % (NS - 1)
-    bh = i // (nL * (NS - 1))
+    bord, seg, fb = _segment_border(i, nL, NS, S0, H, F, f_b, DB)
     kc = j * BK + tl.arange(0, BK)
     mk = kc < K
-    bord = bh.to(tl.int64) * NS * nL + (s + S0) * nL + c
-    seg = bh.to(tl.int64) * (NS - 1) + s
     x = tl.zeros([BK], dtype=tl.float32)
     for v0 in range(0, V, BV):
         vc = v0 + tl.arange(0, BV)
@@ -550,13 +565,18 @@ def _entering_terms_kernel(P, Pn, E, En, F, X, NS, nL, K, V, NVT, S0, H, f_b, DB
     if ONES:
         pn = tl.load(Pn + bord * K + kc, mask=mk, other=0.0).to(tl.float32)
         x += tl.load(En + seg * K + kc, mask=mk, other=0.0) * pn
-    fb = F + (bh // H).to(tl.int64) * f_b + (((bh % H) * NS + s + S0) * nL + c) * DB
     if DB > 1:
         x *= tl.load(fb + kc, mask=mk, other=0.0)
     else:
         x *= tl.load(fb)
     ptr = X + bord * NVT * K + kc
     tl.store(ptr, tl.load(ptr, mask=mk, other=0.0) + x, mask=mk)
+
+
+def _per_border(b, rows, NS, nL, H):
+    """b at one step per border (rows [n]), float32 [Bg, H, NS, nL, DB]: by segment and border within it."""
+    t = b[:, rows].float()
+    return t.view(t.shape[0], NS, nL, H, t.shape[-1]).permute(0, 3, 1, 2, 4)
 
 
 def _join_segments(b, reverse, NS, C, border, final, n_border, n_final, z_carry, z_final, terms=(None, None, None)):
@@ -573,32 +593,24 @@ def _join_segments(b, reverse, NS, C, border, final, n_border, n_final, z_carry,
     final, n_final, z_final = seg(final), seg(n_final), seg(z_final)
     mult = D = None
     if b is not None:  # the log decay each chunk puts on the state walking through it: b at the step the kernel reads
-        rows = torch.arange(n, device=b.device) * C + (0 if reverse else C - 1)
-        t = b[:, rows].float()
-        t = t.view(t.shape[0], NS, nL, H, t.shape[-1]).permute(0, 3, 1, 2, 4)  # [Bg, H, NS, nL, DB]
-        inc = t.cumsum(3)
+        inc = _per_border(b, torch.arange(n, device=b.device) * C + (0 if reverse else C - 1), NS, nL, H).cumsum(3)
         tot = inc[:, :, :, -1:]
         # from the segment's entry to each border: forward through the chunk itself, in reverse up to it
         mult = (tot - inc if reverse else inc).exp().unsqueeze(-1)  # [Bg, H, NS, nL, DB, 1]
         D = tot.squeeze(3).exp()  # [Bg, H, NS, DB]
-    order = range(NS - 1, -1, -1) if reverse else range(NS)
-    E, En, Ez = [None] * NS, [None] * NS, [None] * NS
-    prev = None
-    for s in order:  # E_s from the segment walked before it (zero for the first walked)
-        if prev is not None:
-            d = None if D is None else D[:, :, prev]  # [Bg, H, DB]
-            E[s] = final[:, prev] + (0 if E[prev] is None else (E[prev] if d is None else d.unsqueeze(-1) * E[prev]))
-            if n_final is not None:
-                En[s] = n_final[:, prev] + (0 if En[prev] is None else (En[prev] if d is None else d * En[prev]))
-            if z_final is not None:
-                Ez[s] = z_final[:, prev] + (0 if Ez[prev] is None else Ez[prev])
-        prev = s
-    last = prev  # the walk's last segment: the joined final state leaves it
-    d = None if D is None else D[:, :, last]
+    E, En, Ez = [None] * NS, [None] * NS, [None] * NS  # entering each segment (None: zero, the first walked)
     join = lambda x, e, f: x if e is None else x + (e if f is None else f * e)  # noqa: E731
-    out_final = join(final[:, last], E[last], None if d is None else d.unsqueeze(-1))
-    out_n = None if n_final is None else join(n_final[:, last], En[last], d)
-    out_z = None if z_final is None else join(z_final[:, last], Ez[last], None)
+
+    def leaving(j):  # the joined states leaving segment j: its own, plus the entering ones decayed through it
+        d = None if D is None else D[:, :, j]  # [Bg, H, DB]
+        return (join(final[:, j], E[j], None if d is None else d.unsqueeze(-1)),
+                None if n_final is None else join(n_final[:, j], En[j], d),
+                None if z_final is None else join(z_final[:, j], Ez[j], None))
+
+    order = list(range(NS - 1, -1, -1) if reverse else range(NS))
+    for prev, j in zip(order, order[1:]):
+        E[j], En[j], Ez[j] = leaving(prev)
+    out_final, out_n, out_z = leaving(order[-1])  # the walk's last segment: the joined final states leave it
     sl = slice(0, NS - 1) if reverse else slice(1, NS)  # the segments with an entering state
     Es = torch.stack(E[sl], 2)  # [B, H, NS - 1, K, V]
     # one kernel: PyTorch's broadcast add on this strided view ran at ~0.8 TB/s on an H100
@@ -608,27 +620,27 @@ def _join_segments(b, reverse, NS, C, border, final, n_border, n_final, z_carry,
            Es if mk is None else mk, NS, nL, V, KV, int(not reverse), H,
            mk.stride(0) if mk is not None and mk.shape[0] > 1 else 0,
            DB=1 if mk is None else mk.shape[-1], HAS_M=mk is not None, BLOCK=_JOIN_BLOCK, num_warps=4)
+    Ens = None
     if n_border is not None:
-        Ens = torch.stack(En[sl], 2).unsqueeze(3)  # [B, H, NS - 1, 1, K]
+        Ens = torch.stack(En[sl], 2)  # [B, H, NS - 1, K]
         nv = n_border.view(B, H, NS, nL, -1)[:, :, sl]
         if mult is None:
-            nv += Ens
+            nv += Ens.unsqueeze(3)
         else:
-            nv.addcmul_(mult[:, :, sl, :, :, 0], Ens)
+            nv.addcmul_(mult[:, :, sl, :, :, 0], Ens.unsqueeze(3))
     partner, partner_n, X = terms
     if X is not None:  # left decays only (a right decay is not split)
+        # the step after each border (the next chunk's first going forward, the chunk's last in reverse)
         rows = torch.arange(1, n + 1, device=b.device) * C - (1 if reverse else 0)
-        lam = b[:, rows.clamp_max(b.shape[1] - 1)].float()  # the step after each border; none at the sequence's end
-        if not reverse:
-            lam[:, -1] = 0.0
-        lam = lam.view(lam.shape[0], NS, nL, H, lam.shape[-1]).permute(0, 3, 1, 2, 4)  # [Bg, H, NS, nL, DB]
+        lam = _per_border(b, rows.clamp_max(b.shape[1] - 1), NS, nL, H)
+        if not reverse:  # none after the sequence's end
+            lam[:, :, -1, -1] = 0.0
         f = (mult.squeeze(-1) * lam.exp()).contiguous()
-        Ens = torch.stack(En[sl], 2) if n_border is not None else Es  # [B, H, NS - 1, K]
-        K, V = Es.shape[-2], Es.shape[-1]
+        K = Es.shape[-2]
         launch(_entering_terms_kernel, (B * H * (NS - 1) * nL, cdiv(K, _TERMS_BK)), partner,
-               partner if partner_n is None else partner_n, Es, Ens, f, X, NS, nL, K, V, X.shape[3], int(not reverse),
-               H, f.stride(0) if f.shape[0] > 1 else 0, DB=f.shape[-1], ONES=n_border is not None, BK=_TERMS_BK,
-               BV=block(V, _TERMS_BV), num_warps=4)
+               partner if partner_n is None else partner_n, Es, Es if Ens is None else Ens, f, X, NS, nL, K, V,
+               X.shape[3], int(not reverse), H, f.stride(0) if f.shape[0] > 1 else 0, DB=f.shape[-1],
+               ONES=n_border is not None, BK=_TERMS_BK, BV=block(V, _TERMS_BV), num_warps=4)
     if z_carry is not None:  # [B * n, H, V], the vector entering each chunk (no decay)
         zv = z_carry.view(B, NS, nL, *z_carry.shape[1:])[:, sl]
         zv += torch.stack(Ez[sl], 1).unsqueeze(2)
