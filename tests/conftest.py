@@ -33,3 +33,9 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(n)
+
+
+
+from interpreter_speed import patch_language_once_per_launch  # noqa: E402
+
+patch_language_once_per_launch()

@@ -15,6 +15,7 @@ import torch.multiprocessing as mp
 
 import ula
 from helpers import KINDS, fresh_seed, make_inputs, rel
+from interpreter_speed import patch_language_once_per_launch
 from ula.core import time_split
 
 TOL = 1e-5
@@ -136,9 +137,11 @@ def _run_case(case, seed, rank, R, group):
     B, T = case["B"], case["T"]
     cu = torch.tensor(case["varlen"]) if case["varlen"] else None
     do = torch.randn(B, T, *full[2].shape[2:])
-    # single process on the whole sequence
+    # single process on the whole sequence, through the torch backend (the ranks' backend is the one under test;
+    # the Triton interpreter would run the whole sequence twice more on every rank)
+    one = dict(case, backend="torch")
     ref = [None if x is None else x.clone().requires_grad_() for x in full]
-    o_ref, S_ref = _call(case, *_unflat(ref), cu, None)
+    o_ref, S_ref = _call(one, *_unflat(ref), cu, None)
     S_ref = _states(S_ref) if S_ref is not None else None
     dS = [torch.randn_like(x) for x in S_ref] if S_ref is not None else None
     loss = (o_ref * do).sum() + (sum((x * d).sum() for x, d in zip(S_ref, dS)) if dS is not None else 0)
@@ -146,7 +149,7 @@ def _run_case(case, seed, rank, R, group):
     # the same single process in float64: the truth, and how far float32 itself is from it (mLSTMexp's dm0 under
     # extreme gates is a sum that cancels; float32 misses it by up to 5e-1 on one process alone)
     ref64 = [None if x is None else x.double().requires_grad_() for x in full]
-    o64, S64 = _call(case, *_unflat(ref64), cu, None)
+    o64, S64 = _call(one, *_unflat(ref64), cu, None)
     loss = (o64 * do.double()).sum()
     if dS is not None:
         loss = loss + sum((x * d.double()).sum() for x, d in zip(_states(S64), dS))
@@ -234,6 +237,7 @@ def _bf16_close(rank, R, group, seed):
 
 
 def _worker(rank, R, init, seed, out):
+    patch_language_once_per_launch()
     dist.init_process_group("gloo", init_method=init, rank=rank, world_size=R)
     torch.set_num_threads(1)
     try:

@@ -81,8 +81,9 @@ def test_varlen_equals_separate_calls():
         assert torch.allclose(S[n:n + 1].double(), S1, rtol=1e-4, atol=1e-4)
 
 
-@pytest.mark.parametrize("kind", KINDS)
-@pytest.mark.parametrize("reverse", [False, True])
+# each kind in one direction, both directions over the kinds (finite differences are slow; test_varlen and
+# test_reverse_both_ways_on_same_length cover every kind in both against the reference)
+@pytest.mark.parametrize("kind,reverse", [(kind, i % 2 == 1) for i, kind in enumerate(KINDS)])
 def test_gradcheck_float64(kind, reverse):
     fresh_seed()
     q, k, v, ld, rd, s0 = make_inputs(kind, True, 1, 21, 2, 4, 3, dtype=torch.float64)

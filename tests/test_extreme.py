@@ -129,7 +129,7 @@ def test_core_single_step(backend, kind):
     seed = fresh_seed()
     for reverse in (False, True):
         for fill in (0.0, None, -1e4):
-            q, k, v, ld, rd, s0 = make_inputs(kind, True, 2, 1, 2, 8, 12)
+            q, k, v, ld, rd, s0 = make_inputs(kind, True, 1, 1, 2, 8, 12)
             if fill is not None:
                 ld = None if ld is None else torch.full_like(ld, fill)
                 rd = torch.full_like(rd, fill)

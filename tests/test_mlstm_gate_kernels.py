@@ -263,8 +263,10 @@ def test_parallel_long_runs(has_m0, one_thread, monkeypatch):
     _check_paths(i, f, m0, None, seed, monkeypatch)
 
 
-@pytest.mark.parametrize("tiles", ["4,1,4,2", "4,2,4,2", "8,4,4,4"])
-def test_parallel_varlen(tiles, one_thread, monkeypatch):
+# each tiling with m_0 or without (the default tiling and the widest with both)
+@pytest.mark.parametrize("tiles,has_m0", [("4,1,4,2", True), ("4,1,4,2", False), ("4,2,4,2", False),
+                                          ("8,4,4,4", True), ("8,4,4,4", False)])
+def test_parallel_varlen(tiles, has_m0, one_thread, monkeypatch):
     """Packed sequences of 1 step, exactly one block, two blocks, many blocks (with a long run) and a few steps,
     with m_0 and without; blocks of a head block (BH = 2, 4 with H = 3: masked heads)."""
     seed = fresh_seed()
@@ -273,8 +275,8 @@ def test_parallel_varlen(tiles, one_thread, monkeypatch):
     T = int(cu[-1])
     i, f = _gates(1, T, 3, large=True)
     i[0, 16, :] += 80.0  # the 37-step sequence starts at 13: step 3 of it stays the max
-    _check_paths(i, f, torch.randn(len(lens), 3, dtype=D) * 5, cu, seed, monkeypatch, tiles=tiles)
-    _check_paths(i, f, None, cu, seed, monkeypatch, tiles=tiles)
+    m0 = torch.randn(len(lens), 3, dtype=D) * 5 if has_m0 else None
+    _check_paths(i, f, m0, cu, seed, monkeypatch, tiles=tiles)
 
 
 def test_many_sequences_take_the_sequential_kernels(one_thread, monkeypatch):

@@ -11,6 +11,7 @@ import torch.multiprocessing as mp
 from safetensors.torch import load_file
 
 from helpers import fresh_seed, rel
+from interpreter_speed import patch_language_once_per_launch
 from ula.train import train
 from ula.train.context_parallel import cp_mixers, slice_bounds
 
@@ -31,6 +32,7 @@ def _free_port():
 
 
 def _worker(rank, world, mixers, ports, seed, root):
+    patch_language_once_per_launch()
     torch.set_num_threads(1)
     os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1")
     for mixer, port in zip(mixers, ports):

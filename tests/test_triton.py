@@ -45,9 +45,27 @@ CASES = [(37, 16, 16, 24, False), (100, 32, 32, 12, True), (1, 64, 16, 16, True)
          (37, 16, 16, 1, True)]
 
 
-@pytest.mark.parametrize("case", CASES, ids=lambda c: "T{}-C{}-K{}-V{}-{}".format(*c[:4], "rev" if c[4] else "fwd"))
-@pytest.mark.parametrize("right", [False, True], ids=["left", "right"])
-@pytest.mark.parametrize("kind", KINDS)
+
+
+def _pairs(names, rows):
+    """pytest params: `rows` of values for the comma-separated `names`, with readable ids."""
+    keys = names.split(",")
+    return pytest.mark.parametrize(names, rows, ids=["-".join(_id(k, x) for k, x in zip(keys, row)) for row in rows])
+
+
+_FLAGS = {"right": ("left", "right"), "reverse": ("fwd", "rev"), "varlen": ("batch", "varlen")}
+
+
+def _id(name, x):
+    if name == "case":
+        return "T{}-C{}-K{}-V{}-{}".format(*x[:4], "rev" if x[4] else "fwd")
+    return _FLAGS[name][x] if name in _FLAGS else str(x)
+
+
+# Every kind with every case, right decay on in half of them (pairwise: each kind and each case has it on and off;
+# the whole product doubled the suite's slowest test for no pair the halves miss)
+@_pairs("kind,right,case", [(kind, (i + j) % 2 == 1, case) for i, kind in enumerate(KINDS)
+                            for j, case in enumerate(CASES)])
 def test_forward_and_gradients(kind, right, case):
     T, chunk, K, V, reverse = case
     seed = fresh_seed()
@@ -65,9 +83,9 @@ def test_large_chunks_tiled(kind, chunk):
     _check(compare_with_reference(_triton(chunk), inputs, reverse=chunk == 256), seed)
 
 
-@pytest.mark.parametrize("reverse", [False, True], ids=["fwd", "rev"])
-@pytest.mark.parametrize("right", [False, True], ids=["left", "right"])
-@pytest.mark.parametrize("kind", KINDS)
+# each kind left and right, forward and reverse; each (right, reverse) pair with two kinds
+@_pairs("kind,right,reverse", [(kind, right, right == (i % 2 == 0)) for i, kind in enumerate(KINDS)
+                               for right in (False, True)])
 def test_varlen(kind, right, reverse):
     seed = fresh_seed()
     lens = torch.randint(1, 50, (3,))
@@ -86,8 +104,7 @@ def test_without_states(kind):
     _check(compare_with_reference(_triton(32), inputs, final=False), seed)
 
 
-@pytest.mark.parametrize("right", [False, True], ids=["left", "right"])
-@pytest.mark.parametrize("kind", KINDS)
+@_pairs("kind,right", [(kind, i % 2 == 1) for i, kind in enumerate(KINDS)])
 def test_float16(kind, right):
     seed = fresh_seed()
     inputs = _on(make_inputs(kind, right, 1, 70, 2, 16, 24), torch.float16)
@@ -165,10 +182,10 @@ def test_expanded_constant_decay_and_scalar_right_decay():
             assert e <= TOL32, f"{e:.2e} (seed {seed}, reverse {reverse})"
 
 
-@pytest.mark.parametrize("backend", ["triton", "torch"])
-@pytest.mark.parametrize("varlen", [False, True], ids=["batch", "varlen"])
-@pytest.mark.parametrize("reverse", [False, True], ids=["fwd", "rev"])
-@pytest.mark.parametrize("kind", KINDS)
+# the torch backend with every combination; Triton with each kind forward and reverse, batch and varlen
+@_pairs("kind,reverse,varlen,backend",
+        [(kind, rev, varlen, "torch") for kind in KINDS for rev in (False, True) for varlen in (False, True)]
+        + [(kind, rev, rev == (i % 2 == 0), "triton") for i, kind in enumerate(KINDS) for rev in (False, True)])
 def test_key_gate(kind, reverse, varlen, backend):
     """key_gate u: k_t enters as exp(u_t) k_t. Against the float64 reference on exp(u) k (autograd through the
     product gives u's gradient); the Triton path applies u inside its kernels (rows of dK/dV, sources elsewhere)."""
