@@ -116,9 +116,14 @@ def main():
                 line.append(f"rows {fb:.3f}")
                 del fn2, args2
             print(f"B{B} T{T} H{H} {op:10s} f+b ms: " + ", ".join(line), flush=True)
+            save(res)  # after each op: a call cut off by its time limit keeps what it measured
             del fn, args, base, outs, ref
             torch.cuda.empty_cache()
     set_mode("both")
+    save(res)
+
+
+def save(res):
     with open(os.path.join(os.environ.get("OUT", "/tmp"), "state_split.json"), "w") as fh:
         json.dump(res, fh, indent=1)
 

@@ -133,19 +133,37 @@ def test_which_calls_split(monkeypatch):
     (1, 32768, 16, 128, True, True, 2),   # 64 state programs on 132 multiprocessors: two segments
     (1, 65536, 16, 128, True, True, 2),
     (1, 16384, 8, 128, False, True, 1),   # without a decay the state kernel splits its own walks (state.segments)
-    (1, 16384, 8, 128, True, True, 2),    # 32 programs, segments of at least 8192 steps
+    (1, 16384, 8, 128, True, True, 1),    # 32 programs: the state kernel splits its walks in 4 (faster there)
+    (1, 32768, 8, 128, True, True, 1),
     (1, 8192, 16, 128, True, True, 1),
     (2, 8192, 16, 128, True, True, 1),    # 128 programs: measured slower split
     (1, 32768, 16, 128, True, False, 1),  # a forward alone with a decay gains nothing
     (1, 32768, 16, 128, False, False, 1),
     (1, 32768 + 128, 16, 128, True, True, 1),  # T holds no whole segments of chunks
-    (1, 65536, 4, 64, True, True, 8),     # 4 programs: 8 segments, MIN_SEGMENT stops there
+    (1, 65536, 4, 64, True, True, 1),
 ])
 def test_segments_heuristic(B, T, H, D, decay, grad, want, monkeypatch):
     """The default choice on a GPU with 132 multiprocessors (an H100; faked here)."""
     from ula.core.triton import state  # the count is state.split_count's, shared with the state kernel's split
     monkeypatch.setattr(time_split, "_FORCED", None)
+    monkeypatch.setattr(state, "_FORCED", None)
     monkeypatch.setattr(state, "multiprocessors", lambda device: 132)
     q = torch.zeros(1, 1, 1, 1).expand(B, T, H, D)  # shapes only: no memory behind them
     ld = torch.zeros(1, 1, 1).expand(B, T, H) if decay else None
     assert time_split.segments(q, q, ld, None, None, False, "triton", 128, grad) == want
+
+
+@pytest.mark.parametrize("B,T,H,D,want", [
+    (1, 16384, 8, 128, 2),   # 32 programs, segments of at least 8192 steps
+    (1, 65536, 4, 64, 8),    # 4 programs: 8 segments, MIN_SEGMENT stops there
+])
+def test_segments_where_the_state_kernel_does_not_split(B, T, H, D, want, monkeypatch):
+    """With the state kernel's split off (ULA_STATE_SPLIT=1) this split takes the decayed training calls that the
+    state kernel would otherwise split itself."""
+    from ula.core.triton import state
+    monkeypatch.setattr(time_split, "_FORCED", None)
+    monkeypatch.setattr(state, "_FORCED", "1")
+    monkeypatch.setattr(state, "multiprocessors", lambda device: 132)
+    q = torch.zeros(1, 1, 1, 1).expand(B, T, H, D)
+    ld = torch.zeros(1, 1, 1).expand(B, T, H)
+    assert time_split.segments(q, q, ld, None, None, False, "triton", 128, True) == want

@@ -17,8 +17,8 @@ Inside a context-parallel slice (context_parallel.py) the segments' backward ini
 entering state, decayed to each segment's start (_EnteringRows), so a rank's local pass splits as one GPU's call does.
 
 Taken on the Triton backend in eager training calls with a left decay (key gate allowed), forward direction, no
-right decay, no cu_seqlens, T a multiple of S chunks; `segments` picks S. Without a decay the state kernel splits
-its own walk instead (ula/core/triton/state.py, segments). ULA_TIME_SPLIT=S sets S for every such call, with a decay
+right decay, no cu_seqlens, T a multiple of S chunks; `segments` picks S. Without a decay, and with one where it
+makes 4 segments or more, the state kernel splits its own walk instead (ula/core/triton/state.py, segments). ULA_TIME_SPLIT=S sets S for every such call, with a decay
 or none (1: never split), for measurements."""
 import os
 
@@ -47,7 +47,8 @@ def segments(q, v, ld, rd, cu_seqlens, reverse, backend, chunk_size, needs_grad=
     (128 programs) every kind was slower split (time_split_h200_session28.json): no split. A forward alone with a
     decay gains nothing (the entry term costs what the state call saves). Without a decay the state kernel's own split
     (ula/core/triton/state.py, segments) serves every call, forward alone too: this one takes calls with a decay and
-    gradients only."""
+    gradients only, and of those only where the state kernel would not split them itself (it does at 4 segments or
+    more, and was 2-11% faster there: benchmarks/results/state_split_choice_h200_session30.json)."""
     B, T, H, K = q.shape
     if (rd is not None or cu_seqlens is not None or reverse or K > 256 or q.dtype == torch.float64
             or torch.compiler.is_compiling() or not runs_triton(backend, q.device)):
@@ -57,11 +58,15 @@ def segments(q, v, ld, rd, cu_seqlens, reverse, backend, chunk_size, needs_grad=
     if _FORCED is not None:
         S = int(_FORCED)
         return S if S > 1 and T % (S * step) == 0 else 1
-    from .triton.state import split_count
+    from .triton.state import segment_count, split_count
     # without a decay the state kernel splits its own walks (state.segments): faster than this split there on an H100
     # (B1 H16 T32768 f+b 1.754 against 1.795 ms, B1 H8 T16384 0.499 against 0.595; state_split_h100_session29.json);
     # a forward alone with a decay gains nothing (below)
     if ld is None or not needs_grad:
+        return 1
+    # where the state kernel splits a decayed call's walks itself (4 segments or more: few heads), it beat this split
+    # by 2-5% on an H100 (B1 H8 T16384, scalar / vector / mLSTMsig / GLA; state_split_decays_terms_h100_session29.json)
+    if segment_count(B, T, H, K, v.shape[-1], int(chunk_size), True, q.device) > 1:
         return 1
     return split_count(B, T, H, K, v.shape[-1], step, MIN_SEGMENT, q.device)
 

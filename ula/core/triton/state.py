@@ -478,16 +478,20 @@ def segments(layout, T, H, K, V, excluded, decayed, device):
     within the multiprocessors, segments hold whole chunks and at least MIN_SEGMENT steps. Never with varlen or a right
     decay (excluded); with a left decay only at 4 segments or more. On an H100, f+b, all three state calls split
     (benchmarks/results/state_split_decays_terms_h100_session29.json): at B1 T16384 H8, 4 segments, scalar / vector /
-    mLSTMexp / mLSTMsig / GLA -10 / -21 / -18 / -13 / -15% against no split (and faster than the core's own split,
-    ula/core/time_split.py, which takes such training calls of the core first); at B1 T32768 H16, 2 segments, +2 /
-    -6 / -1 / -1 / +2%. Without a decay normalized attention gained 23-36% (state_split_h100_session29.json)."""
-    C = layout.C
+    mLSTMexp / mLSTMsig / GLA -10 / -21 / -18 / -13 / -15% against no split, and 2-5% faster than the core's own split
+    (ula/core/time_split.py, which leaves such calls to this one); at B1 T32768 H16, 2 segments, +2 / -6 / -1 / -1 /
+    +2%. Without a decay normalized attention gained 23-36% (state_split_h100_session29.json)."""
     if layout.varlen or excluded:
         return 1
+    return segment_count(layout.N, T, H, K, V, layout.C, decayed, device)
+
+
+def segment_count(N, T, H, K, V, C, decayed, device):
+    """segments() for N sequences of T steps in chunks of C, neither varlen nor with a right decay."""
     if _FORCED is not None:
         S = int(_FORCED)
         return S if S > 1 and T % (S * C) == 0 else 1
-    S = split_count(layout.N, T, H, K, V, C, MIN_SEGMENT, device)
+    S = split_count(N, T, H, K, V, C, MIN_SEGMENT, device)
     return 1 if decayed and S < 4 else S
 
 
