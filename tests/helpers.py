@@ -7,6 +7,8 @@ import torch.nn.functional as F
 from ula.core.reference import reference_linear_attention
 
 KINDS = ("none", "constant", "scalar", "vector")
+# where the Triton kernels run: the GPU only when they are compiled for it (ULA_TEST_GPU=1, tests/conftest.py)
+DEVICE = "cuda" if torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1" else "cpu"
 
 
 def fresh_seed():

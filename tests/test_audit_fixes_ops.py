@@ -8,6 +8,7 @@ import torch
 import torch.nn.functional as F
 
 import ula
+from helpers import DEVICE
 import ula.ops._checks as op_checks
 
 B, T, H, K, V, M = 1, 8, 2, 16, 16, 4
@@ -24,7 +25,7 @@ def _meta(x):
                     reason="Triton kernels need CUDA or the interpreter")
 def test_triton_float64_constant_decay_gradients():
     pytest.importorskip("triton")
-    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    dev = DEVICE
     g = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(1, 40, H, D, generator=g, dtype=torch.float64) for D in (K, K, V))
     ld = -torch.rand(H, generator=g, dtype=torch.float64) * 0.3

@@ -8,7 +8,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-from helpers import fresh_seed, rel
+from helpers import DEVICE, fresh_seed, rel
 from test_models import V, tiny as tiny_lm
 from ula.layers import MIXERS
 from ula.layers._base import map_state, state_tensors
@@ -179,7 +179,7 @@ def test_generate_cuda_graph_on_cpu_warns():
         assert torch.equal(m.generate(ids, 5, greedy=True), out)   # default off on the CPU: no warning
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
+@pytest.mark.skipif(DEVICE != "cuda", reason="CUDA graphs need a GPU and kernels compiled for it (ULA_TEST_GPU=1)")
 @pytest.mark.parametrize("name", list(MIXERS))
 def test_cuda_graph_generate_equals_eager(name):
     torch.manual_seed(0)

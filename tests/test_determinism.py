@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 
 import ula
-from helpers import KINDS, fresh_seed, make_inputs
+from helpers import DEVICE, KINDS, fresh_seed, make_inputs
 from test_ops_refs import _flat
 
 
@@ -66,7 +66,7 @@ def test_core_triton(kind):
     pytest.importorskip("triton")
     seed = fresh_seed()
     q, k, v, ld, rd, s0 = make_inputs(kind, True, 1, 21, 1, 8, 12, N=2)
-    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    dev = DEVICE
     inp = {n: None if x is None else x.to(dev) for n, x in
            dict(q=q, k=k, v=v, ld=ld, rd=rd, initial_state=s0).items()}
     cu = torch.tensor([0, 9, 21], device=dev)

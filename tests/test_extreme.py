@@ -13,13 +13,12 @@ import torch
 import torch.nn.functional as F
 
 import ula
-from helpers import KINDS, compare_with_reference, fresh_seed, make_inputs, rel
+from helpers import DEVICE, KINDS, compare_with_reference, fresh_seed, make_inputs, rel
 from test_ops_refs import compare, ref_gsa, ref_mlstm_exp, ref_mlstm_sig
 
 TOL = 1e-4
 TRITON = pytest.mark.skipif(not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1",
                             reason="Triton kernels need CUDA or the interpreter")
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 
 def _check(errs, seed, tol=TOL, what=""):

@@ -12,10 +12,9 @@ import torch.nn.functional as F
 pytest.importorskip("triton")
 
 import ula  # noqa: E402
-from helpers import compare_with_reference, emulated_bf16_errors, fresh_seed, make_inputs, rel  # noqa: E402
+from helpers import DEVICE, compare_with_reference, emulated_bf16_errors, fresh_seed, make_inputs, rel  # noqa: E402
 from ula.core.triton import output, state, utils  # noqa: E402
 
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 TOL = {torch.float32: 1e-4, torch.float16: 1e-2}  # tests/test_triton.py's TOL32, TOL16
 
 

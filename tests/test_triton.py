@@ -8,14 +8,13 @@ import torch
 pytest.importorskip("triton")
 
 import ula  # noqa: E402
-from helpers import (KINDS, compare_with_reference, constant_decay_error, emulated_bf16_errors,  # noqa: E402
+from helpers import (DEVICE, KINDS, compare_with_reference, constant_decay_error, emulated_bf16_errors,  # noqa: E402
                      fresh_seed, log_decay, make_inputs, record_launches, rel)
 from ula.core.autograd import canonical_left  # noqa: E402
 from ula.core.chunk_torch import chunk_recurrence  # noqa: E402
 from ula.core.reference import reference_linear_attention  # noqa: E402
 from ula.core.triton import chunk_recurrence_triton  # noqa: E402
 
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 TOL32, TOL16 = 1e-4, 1e-2
 
 
