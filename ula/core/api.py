@@ -11,6 +11,15 @@ from .op import run
 from .reference import reference_linear_attention
 
 
+def one_sequence_as_batch(q, cu_seqlens):
+    """cu_seqlens of a single sequence ([0, T], as checked; B = 1) is the same call without it: None, so that it
+    takes the non-varlen kernels and the splits along T that serve a long sequence at B = 1 (neither is taken with
+    varlen). States [N = 1, ...] are [B = 1, ...] then."""
+    if cu_seqlens is not None and cu_seqlens.numel() == 2 and q.shape[0] == 1:
+        return None
+    return cu_seqlens
+
+
 def linear_attention(q, k, v, ld=None, rd=None, *, scale=None, initial_state=None, output_final_state=False,
                      cu_seqlens=None, chunk_size=None, backend="auto", reverse=False, cp_group=None, key_gate=None,
                      precision=None):
@@ -46,6 +55,7 @@ def linear_attention(q, k, v, ld=None, rd=None, *, scale=None, initial_state=Non
                                    output_final_state=output_final_state, cu_seqlens=cu_seqlens,
                                    chunk_size=chunk_size, backend=backend, reverse=reverse, precision=precision)
     check_linear_attention(q, k, v, ld, rd, scale, initial_state, cu_seqlens, chunk_size, backend, key_gate)
+    cu_seqlens = one_sequence_as_batch(q, cu_seqlens)
     scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
     if backend == "reference":
         o, S = reference_linear_attention(q, k, v, ld, rd, scale=scale, initial_state=initial_state,

@@ -14,7 +14,7 @@ linear_attention on [v, 1]."""
 import torch
 
 from . import precision
-from .api import _pad_to_16, linear_attention
+from .api import _pad_to_16, linear_attention, one_sequence_as_batch
 from .autograd import canonical_left
 from .backends import chunk_fn, runs_fused
 from .checks import check_linear_attention
@@ -50,6 +50,7 @@ def linear_attention_with_ones(q, k, v, ld=None, *, scale=None, initial_state=No
         return _generic(q, k, v, ld, scale, initial_state, output_final_state, kw)
     S0, n0 = (None, None) if initial_state is None else initial_state
     check_linear_attention(q, k, v, ld, None, scale, S0, cu_seqlens, chunk_size, backend, key_gate)
+    cu_seqlens = one_sequence_as_batch(q, cu_seqlens)
     if S0 is not None and (n0 is None or tuple(n0.shape) != tuple(S0.shape[:-1])):
         raise ValueError(f"linear_attention_with_ones: initial_state needs (S0, n0) with n0 of shape "
                          f"{tuple(S0.shape[:-1])}, got {None if n0 is None else tuple(n0.shape)}")

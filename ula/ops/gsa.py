@@ -16,7 +16,7 @@ Arguments: g = log α [B, T, H, m] (<= 0) and s [B, T, H, m] the write strengths
 import torch
 
 from ..core import linear_attention
-from ..core.api import _pad_to_16
+from ..core.api import _pad_to_16, one_sequence_as_batch
 from ..core.backends import chunk_fn, runs_fused
 from ..core.op import o_for_grad, run
 from ..core.precision import call_code, parse
@@ -100,6 +100,7 @@ def gsa(q, k, v, s=None, g=None, *, scale=None, initial_state=None, output_final
     check_sequence(q, k, v, cu_seqlens, chunk_size, backend, scale)
     _check_gsa("gsa", q, v, s, g, initial_state, num_sequences(q, cu_seqlens), "B" if cu_seqlens is None else "N",
                False)
+    cu_seqlens = one_sequence_as_batch(q, cu_seqlens)
     if precision is not None:
         parse(precision, "gsa: precision")
     p1, p2 = PASS_PRECISION if precision is None else (precision, precision)
@@ -184,6 +185,7 @@ def abc(q, k, v, w, *, scale=None, initial_state=None, output_final_state=False,
     check_sequence(q, k, v, cu_seqlens, chunk_size, backend, scale)
     _check_gsa("abc", q, v, w, None, initial_state, num_sequences(q, cu_seqlens), "B" if cu_seqlens is None else "N",
                False, 3, "w")
+    cu_seqlens = one_sequence_as_batch(q, cu_seqlens)
     h1 = h2 = z0 = None
     if initial_state is not None:
         h1, h2, z0 = initial_state

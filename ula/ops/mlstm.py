@@ -44,6 +44,7 @@ import torch
 import torch.nn.functional as F
 
 from ..core import linear_attention
+from ..core.api import one_sequence_as_batch
 from ..core.backends import runs_fused
 from ..core.ones import linear_attention_with_ones, with_ones_column
 from ..core.time_scan import scan_time
@@ -153,6 +154,8 @@ def mlstm(q, k, v, i, f, variant="exp", *, eps=1e-6, scale=None, initial_state=N
     if cp_group is not None and variant == "exp":
         return _mlstm_exp_cp(q, k, v, i, f, eps, initial_state, cp_group, kw)
     _check_inputs(q, k, v, i, f, variant, initial_state, cu_seqlens, chunk_size, backend, scale, cp_group is not None)
+    if cp_group is None:
+        cu_seqlens = kw["cu_seqlens"] = one_sequence_as_batch(q, cu_seqlens)
     ddt = decay_dtype(q)
     if variant == "sig":
         # the input gate σ(ĩ) as a key gate: the kernels scale k as they read it (no gated copy of k)

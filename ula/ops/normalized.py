@@ -29,6 +29,7 @@ is the same epilogue in PyTorch (backend="torch", float64, and the fused one's r
 import torch
 import torch.nn.functional as F
 
+from ..core.api import one_sequence_as_batch
 from ..core.backends import chunk_fn, runs_fused
 from ..core.checks import check_device, check_linear_attention
 from ..core.ones import fast_path, linear_attention_with_ones, with_ones_column
@@ -144,6 +145,7 @@ def normalized_linear_attention(q, k, v, a=1.0, b=1.0, *, qk_l2_norm=True, eps=1
         N, _, H, K = (num_sequences(q, cu_seqlens),) + tuple(q.shape[1:])
         check_step_state("normalized_linear_attention", initial_state, (N, H, K + 1, v.shape[-1] + 1),
                          "[B, H, K + 1, V + 1] ([N, ...] with cu_seqlens)", name="initial_state", device=q.device)
+    cu_seqlens = one_sequence_as_batch(q, cu_seqlens)
     # the Triton backend (not float64, not under torch.compile): the L2 norm and the epilogue as fused kernels
     fused = decay_dtype(q) == torch.float32 and runs_fused(backend, q.device)
     K, V = k.shape[-1], v.shape[-1]
