@@ -18,8 +18,8 @@ entering state, decayed to each segment's start (_EnteringRows), so a rank's loc
 
 Taken on the Triton backend in eager training calls with a left decay (key gate allowed), forward direction, no
 right decay, no cu_seqlens, T a multiple of S chunks; `segments` picks S. Without a decay, and with one where it
-makes 4 segments or more, the state kernel splits its own walk instead (ula/core/triton/state.py, segments). ULA_TIME_SPLIT=S sets S for every such call, with a decay
-or none (1: never split), for measurements."""
+makes 4 segments or more, the state kernel splits its own walk instead (ula/core/triton/state.py, segments).
+ULA_TIME_SPLIT=S sets S for every such call, with a decay or none (1: never split), for measurements."""
 import os
 
 import torch
