@@ -48,7 +48,7 @@ def segments(q, v, ld, rd, cu_seqlens, reverse, backend, chunk_size, needs_grad=
     decay gains nothing (the entry term costs what the state call saves). Without a decay the state kernel's own split
     (ula/core/triton/state.py, segments) serves every call, forward alone too: this one takes calls with a decay and
     gradients only, and of those only where the state kernel would not split them itself (it does at 4 segments or
-    more, and was 2-11% faster there: benchmarks/results/state_split_choice_h200_session30.json)."""
+    more, and was 1-11% faster there: benchmarks/results/state_split_choice_h200_session30.json)."""
     B, T, H, K = q.shape
     if (rd is not None or cu_seqlens is not None or reverse or K > 256 or q.dtype == torch.float64
             or torch.compiler.is_compiling() or not runs_triton(backend, q.device)):
