@@ -144,13 +144,7 @@ def test_which_calls_split(monkeypatch):
 ])
 def test_segments_heuristic(B, T, H, D, decay, grad, want, monkeypatch):
     """The default choice on a GPU with 132 multiprocessors (an H100; faked here)."""
-    from ula.core.triton import state  # the count is state.split_count's, shared with the state kernel's split
-    monkeypatch.setattr(time_split, "_FORCED", None)
-    monkeypatch.setattr(state, "_FORCED", None)
-    monkeypatch.setattr(state, "multiprocessors", lambda device: 132)
-    q = torch.zeros(1, 1, 1, 1).expand(B, T, H, D)  # shapes only: no memory behind them
-    ld = torch.zeros(1, 1, 1).expand(B, T, H) if decay else None
-    assert time_split.segments(q, q, ld, None, None, False, "triton", 128, grad) == want
+    assert _segments_on_h100(B, T, H, D, decay, grad, None, monkeypatch) == want
 
 
 @pytest.mark.parametrize("B,T,H,D,want", [
@@ -160,10 +154,16 @@ def test_segments_heuristic(B, T, H, D, decay, grad, want, monkeypatch):
 def test_segments_where_the_state_kernel_does_not_split(B, T, H, D, want, monkeypatch):
     """With the state kernel's split off (ULA_STATE_SPLIT=1) this split takes the decayed training calls that the
     state kernel would otherwise split itself."""
+    assert _segments_on_h100(B, T, H, D, True, True, "1", monkeypatch) == want
+
+
+def _segments_on_h100(B, T, H, D, decay, grad, state_forced, monkeypatch):
+    """time_split.segments on a faked 132-multiprocessor GPU, the state kernel's split at state_forced (None: its
+    default; the count is state.split_count's, shared with it)."""
     from ula.core.triton import state
     monkeypatch.setattr(time_split, "_FORCED", None)
-    monkeypatch.setattr(state, "_FORCED", "1")
+    monkeypatch.setattr(state, "_FORCED", state_forced)
     monkeypatch.setattr(state, "multiprocessors", lambda device: 132)
-    q = torch.zeros(1, 1, 1, 1).expand(B, T, H, D)
-    ld = torch.zeros(1, 1, 1).expand(B, T, H)
-    assert time_split.segments(q, q, ld, None, None, False, "triton", 128, True) == want
+    q = torch.zeros(1, 1, 1, 1).expand(B, T, H, D)  # shapes only: no memory behind them
+    ld = torch.zeros(1, 1, 1).expand(B, T, H) if decay else None
+    return time_split.segments(q, q, ld, None, None, False, "triton", 128, grad)
