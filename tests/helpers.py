@@ -122,4 +122,5 @@ def record_launches(monkeypatch, what):
         return real(kernel, grid, args, w, cx, s)
 
     monkeypatch.setattr(utils, "_launch_fitting", spy)
+    monkeypatch.setattr(utils, "_LAUNCHES", {})  # compiled: a cached launch would skip _launch_fitting
     return seen

@@ -24,7 +24,7 @@ def _run(fn, inputs, seed):
     o, S = fn(**args)
     g = torch.Generator().manual_seed(seed)
     outs = [o] + _flat(S)
-    loss = sum((y.double() * torch.randn(y.shape, generator=g, dtype=torch.float64)).sum() for y in outs)
+    loss = sum((y.double() * torch.randn(y.shape, generator=g, dtype=torch.float64).to(y.device)).sum() for y in outs)
     loss.backward()
     grads = [x.grad for x in _flat(list(leaves.values())) if isinstance(x, torch.Tensor) and x.requires_grad]
     return [y.detach() for y in outs] + grads

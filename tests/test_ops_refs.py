@@ -17,7 +17,7 @@ def ref_gla(q, k, v, g, scale=None, h0=None):
     """GLA (paper 002): S_t = Diag(α_t) S_{t-1} + k_t v_tᵀ, α_t = exp(g_t); o_t = scale S_tᵀ q_t."""
     B, T, H, K = q.shape
     scale = K ** -0.5 if scale is None else scale
-    S = torch.zeros(B, H, K, v.shape[-1], dtype=q.dtype) if h0 is None else h0
+    S = torch.zeros(B, H, K, v.shape[-1], dtype=q.dtype, device=q.device) if h0 is None else h0
     out = []
     for t in range(T):
         S = g[:, t].exp()[..., None] * S + k[:, t, ..., None] * v[:, t, :, None, :]
@@ -34,7 +34,7 @@ def ref_retention(q, k, v, gamma, scale=None, h0=None):
     """RetNet / TNL: S_t = γ S_{t-1} + k_t v_tᵀ, γ [H] (not log)."""
     B, T, H, K = q.shape
     scale = K ** -0.5 if scale is None else scale
-    S = torch.zeros(B, H, K, v.shape[-1], dtype=q.dtype) if h0 is None else h0
+    S = torch.zeros(B, H, K, v.shape[-1], dtype=q.dtype, device=q.device) if h0 is None else h0
     out = []
     for t in range(T):
         S = gamma.view(1, H, 1, 1) * S + k[:, t, ..., None] * v[:, t, :, None, :]
@@ -45,7 +45,7 @@ def ref_retention(q, k, v, gamma, scale=None, h0=None):
 def ref_mamba2(C, Bm, x, dt, A, h0=None):
     """Mamba2 SSD: h_t = exp(Δ_t A) h_{t-1} + Δ_t B_t x_tᵀ, y_t = h_tᵀ C_t."""
     B, T, H, N = C.shape
-    h = torch.zeros(B, H, N, x.shape[-1], dtype=C.dtype) if h0 is None else h0
+    h = torch.zeros(B, H, N, x.shape[-1], dtype=C.dtype, device=C.device) if h0 is None else h0
     out = []
     for t in range(T):
         h = torch.exp(dt[:, t] * A)[..., None, None] * h + dt[:, t, :, None, None] * Bm[:, t, ..., None] * x[:, t, :, None, :]
@@ -57,7 +57,7 @@ def ref_hgrn2(q, v, g, scale=1.0, h0=None):
     """HGRN2: S_t = Diag(λ_t) S_{t-1} + (1 − λ_t) v_tᵀ, λ_t = exp(g_t)."""
     lam = g.exp()
     B, T, H, K = q.shape
-    S = torch.zeros(B, H, K, v.shape[-1], dtype=q.dtype) if h0 is None else h0
+    S = torch.zeros(B, H, K, v.shape[-1], dtype=q.dtype, device=q.device) if h0 is None else h0
     out = []
     for t in range(T):
         S = lam[:, t, ..., None] * S + (1 - lam[:, t])[..., None] * v[:, t, :, None, :]
@@ -69,7 +69,7 @@ def ref_mlstm_sig(q, k, v, i, f, scale=None, h0=None):
     """mLSTMsig (paper 003, Eq. 19-20): C_t = σ(f̃_t) C_{t-1} + σ(ĩ_t) k_t v_tᵀ, h̃_t = C_tᵀ q_t / sqrt(d)."""
     B, T, H, K = q.shape
     scale = K ** -0.5 if scale is None else scale
-    C = torch.zeros(B, H, K, v.shape[-1], dtype=q.dtype) if h0 is None else h0
+    C = torch.zeros(B, H, K, v.shape[-1], dtype=q.dtype, device=q.device) if h0 is None else h0
     out = []
     for t in range(T):
         C = torch.sigmoid(f[:, t])[..., None, None] * C \
@@ -87,8 +87,8 @@ def ref_mlstm_exp(q, k, v, i, f, scale=None, eps=1e-6, h0=None):
     V = v.shape[-1]
     scale = K ** -0.5 if scale is None else scale
     if h0 is None:
-        C, n, m = (torch.zeros(B, H, K, V, dtype=q.dtype), torch.zeros(B, H, K, dtype=q.dtype),
-                   torch.zeros(B, H, dtype=q.dtype))
+        z = dict(dtype=q.dtype, device=q.device)
+        C, n, m = torch.zeros(B, H, K, V, **z), torch.zeros(B, H, K, **z), torch.zeros(B, H, **z)
     else:
         C, n, m = h0
     out = []
@@ -116,15 +116,15 @@ def ref_normalized(q, k, v, a, b, qk_l2_norm=True, h0=None, direct=False, eps=No
         q, k = (x / x.norm(dim=-1, keepdim=True).clamp_min(1e-12) for x in (q, k))
     B, T, H, K = q.shape
     V = v.shape[-1]
-    a = torch.as_tensor(a, dtype=q.dtype).reshape(-1, 1)  # [H or 1, 1]
-    b = torch.as_tensor(b, dtype=q.dtype).reshape(-1, 1)
+    a = torch.as_tensor(a, dtype=q.dtype, device=q.device).reshape(-1, 1)  # [H or 1, 1]
+    b = torch.as_tensor(b, dtype=q.dtype, device=q.device).reshape(-1, 1)
     if direct:
         out = []
         for i in range(T):
             w = a.view(1, 1, -1) + b.view(1, 1, -1) * torch.einsum("bhk,bnhk->bnh", q[:, i], k[:, :i + 1])
             out.append((w[..., None] * v[:, :i + 1]).sum(1) / w.sum(1)[..., None])
         return torch.stack(out, 1), None
-    S = torch.zeros(B, H, K + 1, V + 1, dtype=q.dtype) if h0 is None else h0
+    S = torch.zeros(B, H, K + 1, V + 1, dtype=q.dtype, device=q.device) if h0 is None else h0
     X2, y2, x1, y1 = S[:, :, :K, :V], S[:, :, :K, V], S[:, :, K, :V], S[:, :, K, V]
     out = []
     for t in range(T):
@@ -149,7 +149,8 @@ def ref_gsa(q, k, v, s, g, scale=None, h0=None):
     m, V = s.shape[-1], v.shape[-1]
     scale = K ** -0.5 if scale is None else scale
     if h0 is None:
-        Kt, Vt = torch.zeros(B, H, m, K, dtype=q.dtype), torch.zeros(B, H, m, V, dtype=q.dtype)
+        z = dict(dtype=q.dtype, device=q.device)
+        Kt, Vt = torch.zeros(B, H, m, K, **z), torch.zeros(B, H, m, V, **z)
     else:
         Kt, Vt = h0[0].transpose(-1, -2), h0[1]
     out = []

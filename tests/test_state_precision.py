@@ -100,15 +100,15 @@ def test_ones_float16(tf32_states):
     seed = fresh_seed()
     B, T, H, K, V = 1, 67, 2, 16, 16
     q, k, v = (torch.randn(B, T, H, K), torch.randn(B, T, H, K) * K ** -0.5, torch.randn(B, T, H, V))
-    q, k, v = (x.half() for x in (q, k, v))
-    ld = F.logsigmoid(torch.randn(B, T, H) + 2)
-    S0, n0 = torch.randn(B, H, K, V) * 0.3, torch.randn(B, H, K) * 0.3
+    q, k, v = (x.half().to(DEVICE) for x in (q, k, v))
+    ld = F.logsigmoid(torch.randn(B, T, H) + 2).to(DEVICE)
+    S0, n0 = (torch.randn(B, H, K, V) * 0.3).to(DEVICE), (torch.randn(B, H, K) * 0.3).to(DEVICE)
     leaves = [q, k, v, S0, n0, ld]
     for x in leaves:
         x.requires_grad_()
     o, den, (S, n) = linear_attention_with_ones(q, k, v, ld, initial_state=(S0, n0), output_final_state=True,
                                                 chunk_size=32, backend="triton")
-    ws = [torch.randn(t.shape, dtype=torch.float64) for t in (o, den, S, n)]
+    ws = [torch.randn(t.shape, dtype=torch.float64, device=t.device) for t in (o, den, S, n)]
     loss = sum((a.double() * w).sum() for a, w in zip((o, den, S, n), ws))
     got = [o, den, S, n] + list(torch.autograd.grad(loss, leaves))
     d = [x.detach().double().requires_grad_() for x in leaves]
@@ -222,9 +222,9 @@ def test_each_ops_default_parts(monkeypatch):
     monkeypatch.setattr(precision, "_OVERRIDE", [None])
     seen = _record_parts(monkeypatch)
     B, T, H, K = 1, 19, 2, 16
-    q, k, v = (torch.randn(B, T, H, K, requires_grad=True) for _ in range(3))
-    g = F.logsigmoid(torch.randn(B, T, H, K))
-    s = torch.randn(B, T, H, 16)
+    q, k, v = (torch.randn(B, T, H, K, device=DEVICE, requires_grad=True) for _ in range(3))
+    g = F.logsigmoid(torch.randn(B, T, H, K, device=DEVICE))
+    s = torch.randn(B, T, H, 16, device=DEVICE)
     accurate = precision.encode(precision.parse("accurate"))
 
     def calls():
@@ -270,9 +270,9 @@ def test_parts_against_reference(monkeypatch, case):
     inputs = _on(make_inputs(kind, False, 1, 67, 2, 16, 24), torch.float32)
     kw = {}
     if case == "gla-varlen":
-        kw["cu_seqlens"] = torch.tensor([0, 5, 38, 67])
+        kw["cu_seqlens"] = torch.tensor([0, 5, 38, 67], device=DEVICE)
         q, k, v, ld, rd, h0 = inputs
-        inputs = (q, k, v, ld, rd, torch.randn(3, 2, 16, 24) * 0.3)
+        inputs = (q, k, v, ld, rd, (torch.randn(3, 2, 16, 24) * 0.3).to(DEVICE))
     fn = _gla if case.startswith("gla") else _la
     errs = compare_with_reference(fn, inputs, **kw)
     # bfloat16's bounds, as the GPU quality test's: 1e-2, and 2e-2 for a log decay's gradient (a sum of terms that
