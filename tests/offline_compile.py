@@ -27,9 +27,10 @@ def record(run):
     as (kernel, signature, constexprs, num_warps, attrs, num_stages: None for Triton's default)."""
     assert os.environ.get("TRITON_INTERPRET") != "1", "kernels defined under the interpreter cannot be compiled"
     from ula.core.triton import cumsum, decay_grad, output, state, step  # noqa: F401  (defines the kernels)
-    from ula.core.triton import entry  # noqa: F401  (context parallelism's entry term)
+    from ula.core.triton import entry, state_join  # noqa: F401  (context parallelism's entry term; the segments' join)
     from ula.ops import _l2norm, _mlstm_epilogue, _mlstm_gate_kernels, _normalized_epilogue  # noqa: F401
-    mods = [sys.modules[f"ula.core.triton.{m}"] for m in ("cumsum", "decay_grad", "output", "state", "step", "entry")]
+    mods = [sys.modules[f"ula.core.triton.{m}"] for m in ("cumsum", "decay_grad", "output", "state", "step", "entry",
+                                                          "state_join")]
     mods += [sys.modules[f"ula.ops.{m}"] for m in ("_mlstm_gate_kernels", "_mlstm_epilogue", "_normalized_epilogue",
                                                    "_l2norm")]  # the families' own
     seen = {}

@@ -12,7 +12,7 @@ import ula  # noqa: E402
 from helpers import KINDS, compare_with_reference, fresh_seed, make_inputs  # noqa: E402
 from test_ops_refs import check, compare, ref_mlstm_exp, ref_normalized  # noqa: E402
 from ula.core import time_split  # noqa: E402
-from ula.core.triton import state  # noqa: E402
+from ula.core.triton import state, state_join  # noqa: E402
 from ula.core.triton.chunk import make_layout  # noqa: E402
 
 T, C = 256, 32  # 8 chunks: 4 segments of 2 (T / 2 and 2 segments where a test says so)
@@ -26,12 +26,12 @@ def joined(monkeypatch):
     monkeypatch.setattr(time_split, "_FORCED", "1")
     monkeypatch.setattr(state, "_FORCED", "4")
     calls = []
-    orig = state._join_segments
+    orig = state.join_segments
 
     def wrapped(*a, **kw):
         calls.append((a[1], a[2], a[6] is not None, a[8] is not None))
         return orig(*a, **kw)
-    monkeypatch.setattr(state, "_join_segments", wrapped)
+    monkeypatch.setattr(state, "join_segments", wrapped)
     return calls
 
 
@@ -46,7 +46,7 @@ def test_core_matches_reference(kind, reverse, joined, monkeypatch):
     """Two segments of 2 chunks (T = 128: the interpreter's time), two batch rows; the border terms' kernel over V in
     steps of 16 (V = 24: two)."""
     monkeypatch.setattr(state, "_FORCED", "2")
-    monkeypatch.setattr(state, "_TERMS_BV", 16)
+    monkeypatch.setattr(state_join, "_TERMS_BV", 16)
     seed = fresh_seed()
     q, k, v, ld, _, s0 = make_inputs(kind, False, 2, T // 2, 2, 16, 24, h0=True)
     op = lambda *a, **kw: ula.linear_attention(*a, chunk_size=C, backend="triton", **kw)  # noqa: E731
