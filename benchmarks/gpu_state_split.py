@@ -4,7 +4,7 @@ splits (module variables, as ULA_TIME_SPLIT / ULA_STATE_SPLIT set them), and eac
 against the unsplit run's (relative Frobenius difference, same bf16 inputs); also the same tokens as rows
 (B = S, T / S: the bound a split can reach).
 
-    python3 benchmarks/gpu_state_split.py [--shapes "1,32768,16;1,65536,16;1,16384,8;2,8192,16"]
+    python3 benchmarks/gpu_state_split.py [--shapes "1,32768,16;1,65536,16;1,16384,8;2,8192,16;16384+16384,8"]
         [--ops linear,scalar,vector,mlstm_exp,mlstm_sig,normalized,gla] [--modes off,entry,state,both] [--rows]
         [--errors]
 
@@ -24,7 +24,7 @@ import triton
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 import ula  # noqa: E402
-from ula.bench.measure import graph_times  # noqa: E402
+from ula.bench.measure import graph_times, measure  # noqa: E402
 from ula.core import time_split  # noqa: E402
 from ula.core.triton import state  # noqa: E402
 from gpu_time_split import peak_mib  # noqa: E402  (this folder is on the path: the script's own)
@@ -33,7 +33,15 @@ MODES = {"off": ("1", "1"), "entry": (None, "1"), "state": ("1", None), "both": 
          "state2": ("1", "2"), "state4": ("1", "4")}
 
 
-def make(op, B, T, H, D=128):
+def make(op, B, T, H, D=128, cu=None):
+    """(fn, its leaves) of op on random bf16 inputs; cu: the cu_seqlens of packed sequences (B = 1)."""
+    fn, args = _make(op, B, T, H, D)
+    if cu is None:
+        return fn, args
+    return (lambda *a: fn(*a, cu_seqlens=cu)), args
+
+
+def _make(op, B, T, H, D):
     g = torch.Generator(device="cuda").manual_seed(0)
 
     def r(*s, sc=1.0):
@@ -44,17 +52,17 @@ def make(op, B, T, H, D=128):
     f = (torch.randn(B, T, H, device="cuda", generator=g) + 4).requires_grad_()
     gv = F.logsigmoid(torch.randn(B, T, H, D, device="cuda", generator=g) + 4).requires_grad_()
     if op.startswith("mlstm"):
-        return (lambda q, k, v, i, f: ula.mlstm(q, k, v, i, f, variant=op[6:])[0]), [q, k, v, i, f]
+        return (lambda q, k, v, i, f, **kw: ula.mlstm(q, k, v, i, f, variant=op[6:], **kw)[0]), [q, k, v, i, f]
     if op == "normalized":
-        return (lambda q, k, v: ula.normalized_linear_attention(q, k, v)[0]), [q, k, v]
+        return (lambda q, k, v, **kw: ula.normalized_linear_attention(q, k, v, **kw)[0]), [q, k, v]
     if op == "linear":
-        return (lambda q, k, v: ula.linear_attention(q, k, v)[0]), [q, k, v]
+        return (lambda q, k, v, **kw: ula.linear_attention(q, k, v, **kw)[0]), [q, k, v]
     if op == "scalar":
-        return (lambda q, k, v, f: ula.linear_attention(q, k, v, F.logsigmoid(f))[0]), [q, k, v, f]
+        return (lambda q, k, v, f, **kw: ula.linear_attention(q, k, v, F.logsigmoid(f), **kw)[0]), [q, k, v, f]
     if op == "vector":
-        return (lambda q, k, v, g: ula.linear_attention(q, k, v, g)[0]), [q, k, v, gv]
+        return (lambda q, k, v, g, **kw: ula.linear_attention(q, k, v, g, **kw)[0]), [q, k, v, gv]
     if op == "gla":
-        return (lambda q, k, v, g: ula.gla(q, k, v, g)[0]), [q, k, v, gv]
+        return (lambda q, k, v, g, **kw: ula.gla(q, k, v, g, **kw)[0]), [q, k, v, gv]
     raise ValueError(op)
 
 
@@ -86,9 +94,16 @@ def main():
                command=" ".join(sys.argv), results=[])
     print(res["device"], res["torch"], res["triton"], flush=True)
     for shape in a.shapes.split(";"):
-        B, T, H = map(int, shape.split(","))
+        cu = None
+        if "+" in shape:  # packed sequences "L1+L2+...,H" (B = 1): eager medians (the layout reads cu on the host)
+            lens, H = shape.split(",")
+            lens = [int(x) for x in lens.split("+")]
+            B, T, H = 1, sum(lens), int(H)
+            cu = torch.tensor([0] + lens, device="cuda").cumsum(0).to(torch.int32)
+        else:
+            B, T, H = map(int, shape.split(","))
         for op in a.ops.split(","):
-            fn, args = make(op, B, T, H)
+            fn, args = make(op, B, T, H, cu=cu)
             base = ref = None
             line = []
             if a.errors:
@@ -100,11 +115,15 @@ def main():
                 diff = None if base is None else max(
                     ((x - y).norm() / y.norm().clamp_min(1e-30)).item() for x, y in zip(outs, base))
                 base = outs if base is None else base
-                fwd, fb = graph_times(fn, args)
-                mib = peak_mib(fn, args)
+                if cu is None:
+                    fwd, fb = graph_times(fn, args)
+                    mib = peak_mib(fn, args)
+                else:
+                    fwd, fb, mib = measure(fn, args)
                 err = None if ref is None else max(
                     ((x - y).norm() / y.norm().clamp_min(1e-30)).item() for x, y in zip(outs, ref))
-                res["results"].append(dict(op=op, B=B, T=T, H=H, mode=mode, fwd_ms=fwd, fb_ms=fb, peak_mib=mib,
+                res["results"].append(dict(op=op, B=B, T=T, H=H, lens=shape.split(",")[0] if cu is not None else None,
+                                           mode=mode, fwd_ms=fwd, fb_ms=fb, peak_mib=mib,
                                            rel_diff_vs_first=diff, rel_err_vs_float32=err))
                 line.append(f"{mode} {fb:.3f}" + ("" if diff is None else f" ({diff:.1e})")
                             + ("" if err is None else f" err {err:.2e}"))
