@@ -10,7 +10,7 @@ pytest.importorskip("triton")
 
 import ula  # noqa: E402
 from helpers import KINDS, compare_with_reference, fresh_seed, make_inputs  # noqa: E402
-from test_ops_refs import check, compare, per_sequence, ref_mlstm_exp, ref_normalized  # noqa: E402
+from test_ops_refs import check, compare, ref_mlstm_exp, ref_normalized  # noqa: E402
 from ula.core import time_split  # noqa: E402
 from ula.core.triton import state, state_join  # noqa: E402
 from ula.core.triton.chunk import make_layout  # noqa: E402
@@ -29,7 +29,7 @@ def joined(monkeypatch):
     orig = state.join_segments
 
     def wrapped(*a, **kw):
-        calls.append((a[1], a[2], a[7] is not None, a[9] is not None))
+        calls.append((a[1], a[2], a[6] is not None, a[8] is not None))
         return orig(*a, **kw)
     monkeypatch.setattr(state, "join_segments", wrapped)
     return calls
@@ -57,54 +57,6 @@ def test_core_matches_reference(kind, reverse, joined, monkeypatch):
     # last forms the decay gradient's border terms, which the join completes)
     walks = [r for r, S, *_ in joined if S == 2]
     assert walks.count(reverse) == 2 and walks.count(not reverse) == 1, joined
-
-
-# packed sequences of 2, 7 and 5 chunks of 16 steps: in 4 segments, 1 / 1 / 0 / 0, 2 / 2 / 2 / 1 and 2 / 2 / 1 / 0
-# chunks (empty segments, where a reverse walk may start, and a last chunk cut short in each sequence)
-VARLEN_CU, VARLEN_C = torch.tensor([0, 21, 121, 191]), 16
-
-
-@pytest.mark.parametrize("reverse", [False, True], ids=["fwd", "rev"])
-@pytest.mark.parametrize("kind", KINDS)
-def test_core_varlen_matches_reference(kind, reverse, joined):
-    """Packed sequences split into 4 segments each, with initial states, against the float64 reference: every
-    decay kind both ways (the decay gradient's border terms joined per sequence)."""
-    seed = fresh_seed()
-    T_ = int(VARLEN_CU[-1])
-    q, k, v, ld, _, s0 = make_inputs(kind, False, 1, T_, 2, 16, 24, h0=True, N=3)
-    op = lambda *a, **kw: ula.linear_attention(*a, chunk_size=VARLEN_C, backend="triton", **kw)  # noqa: E731
-    errs = compare_with_reference(op, (q, k, v, _mild(ld), None, s0), reverse=reverse, cu_seqlens=VARLEN_CU)
-    bad = {n: f"{e:.2e}" for n, e in errs.items() if not e <= 1e-4}
-    assert not bad, (bad, seed)
-    walks = [r for r, S, *_ in joined if S == 4]
-    assert walks.count(reverse) == 2 and walks.count(not reverse) == 1, joined
-
-
-def test_normalized_mlstm_varlen_match_reference(joined):
-    """Packed sequences in 4 segments each: normalized attention (the column of ones, the a part's sums) and mLSTMexp
-    (a scalar decay, a key gate and the column of ones), from initial states."""
-    seed = fresh_seed()
-    T_, H, K, V, N = int(VARLEN_CU[-1]), 2, 16, 16, 3
-    kw = dict(chunk_size=VARLEN_C, backend="triton", cu_seqlens=VARLEN_CU, output_final_state=True)
-    kp = torch.nn.functional.normalize(torch.randn(N, 6, H, K), dim=-1)
-    vp = torch.randn(N, 6, H, V)
-    one = lambda x: torch.cat([x, torch.ones_like(x[..., :1])], -1)  # noqa: E731
-    inp = dict(q=torch.randn(1, T_, H, K), k=torch.randn(1, T_, H, K), v=torch.randn(1, T_, H, V),
-               a=torch.rand(H) + 1.2, b=0.8, h0=torch.einsum("nthk,nthv->nhkv", one(kp), one(vp)))
-    errs = compare(lambda h0, **x: ula.normalized_linear_attention(**x, initial_state=h0, **kw),
-                   lambda h0, a, b, **x: per_sequence(ref_normalized, VARLEN_CU, x, dict(a=a, b=b), h0), inp)
-    check(errs, seed)
-    assert (False, 4, True, True) in joined and (True, 4, True, False) in joined, joined
-    joined.clear()
-    q, k = torch.randn(1, T_, H, K).abs() + 0.1, torch.randn(1, T_, H, K).abs() + 0.1
-    i, f = torch.randn(1, T_, H) * 3, torch.randn(1, T_, H) * 2 + 4
-    inp = dict(q=q, k=k, v=torch.randn(1, T_, H, V), i=i, f=f,
-               h0=(torch.randn(N, H, K, V), torch.randn(N, H, K).abs(), torch.randn(N, H)))
-    errs = compare(lambda h0, **a: ula.mlstm(**a, variant="exp", initial_state=h0, **kw),
-                   lambda h0, **a: per_sequence(ref_mlstm_exp, VARLEN_CU, a, {}, h0), inp)
-    check({n: e for n, e in errs.items() if n != "dh02"}, seed)
-    check({n: e for n, e in errs.items() if n == "dh02"}, seed, tol=1e-3)
-    assert (False, 4, True, False) in joined and (True, 4, True, False) in joined, joined
 
 
 @pytest.mark.parametrize("h0", [False, True])
@@ -149,8 +101,8 @@ def test_mlstm_exp_matches_reference(joined, monkeypatch):
 
 def test_which_calls_split(monkeypatch):
     """On a faked 132-multiprocessor GPU: few sequences x heads over a long T split (segments of at least
-    MIN_SEGMENT steps, whole chunks, or with varlen the longest sequence's); many programs, T not a multiple of the
-    segments' chunks, and calls with a right decay do not, nor with a left decay under 4 segments."""
+    MIN_SEGMENT steps, whole chunks); many programs, varlen, T not a multiple of the segments' chunks, and calls
+    with a right decay do not, nor with a left decay under 4 segments."""
     monkeypatch.setattr(state, "_FORCED", None)
     monkeypatch.setattr(state, "multiprocessors", lambda device: 132)
     dev = torch.device("cpu")
@@ -166,8 +118,5 @@ def test_which_calls_split(monkeypatch):
     assert seg(1, 32768, 16, excluded=True) == 1  # a right decay
     assert seg(1, 32768, 16, decayed=True) == 1  # a left decay: only at 4 segments or more
     assert seg(1, 16384, 8, decayed=True) == 4
-    assert seg(1, 32768, 16, cu=torch.tensor([0, 32768])) == 2  # varlen: the longest sequence sets the count
-    assert seg(1, 32768, 8, cu=torch.tensor([0, 20000, 32768])) == 2  # 64 programs; no whole chunks needed
-    assert seg(1, 32768, 16, cu=torch.arange(0, 32769, 4096)) == 1  # 8 sequences: 512 programs
-    assert seg(1, 32768, 8, cu=torch.tensor([0, 20000, 32768]), decayed=True) == 1
+    assert seg(1, 32768, 16, cu=torch.tensor([0, 32768])) == 1
     assert seg(1, 4096, 4) == 1  # segments under MIN_SEGMENT

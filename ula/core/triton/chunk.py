@@ -25,7 +25,6 @@ class Layout:
     chunk_seq: torch.Tensor    # int32 [n]: sequence of each chunk
     chunk_start: torch.Tensor  # int32 [n]: first step of each chunk
     chunk_offset: torch.Tensor  # int32 [N + 1]: first chunk of each sequence
-    host: tuple = ()           # varlen: (chunk_offset, cu) on the host, read with n in one sync (state.py's segments)
 
 
 _DUMMY = {}  # per device: an int32 tensor passed where a kernel reads nothing (no allocation per call)
@@ -41,14 +40,12 @@ def make_layout(B, T, C, cu_seqlens, device):
     N = cu.numel() - 1
     nch = (cu[1:] - cu[:-1] + C - 1) // C
     offset = torch.cat([torch.zeros(1, dtype=torch.int64, device=device), nch.cumsum(0)])
-    both = torch.cat([offset, cu]).tolist()  # the grid size needs n on the host (one sync)
-    host = (tuple(both[:N + 1]), tuple(both[N + 1:]))
-    n = host[0][-1]
+    n = int(offset[-1])  # the grid size needs it on the host (one sync)
     seq = torch.repeat_interleave(torch.arange(N, device=device), nch, output_size=n)
     local = torch.arange(n, device=device) - offset[seq]
     start = cu[seq] + local * C
     i32 = lambda x: x.to(torch.int32).contiguous()  # noqa: E731
-    return Layout(C, n, N, True, i32(cu), i32(seq), i32(start), i32(offset), host)
+    return Layout(C, n, N, True, i32(cu), i32(seq), i32(start), i32(offset))
 
 
 def _final_decay(S, gl, gr, cu_seqlens, floor=None):

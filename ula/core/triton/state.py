@@ -9,7 +9,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .state_join import join_segments, segment_table
+from .state_join import join_segments
 from .utils import (DOT_BF16, DOT_BF16_EMULATED, alloc, block, cdiv, head_bases, is_tuned, launch, mm, multiprocessors,
                     operand, round_bf16, stages_of, tuned, tuned_here, warps_for)
 
@@ -223,20 +223,15 @@ def _border_products(S, partner, X, b_base, c_base, bord, i_k, i_v, NKT, NVT, ce
 
 @triton.jit
 def _state_kernel(k, v, b, c, u, h0, border, final, partner, X, n0, n_border, n_final, e, w, partner_n, z0, z_carry,
-                  z_final, cu, chunk_offset, seg, T, H, K, V, NC, NVT, sb_b, sc_b, scale, NS,
+                  z_final, cu, chunk_offset, T, H, K, V, NC, NVT, sb_b, sc_b, scale, NS,
                   DB: tl.constexpr, C: tl.constexpr, NB: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
                   HAS_B: tl.constexpr, HAS_C: tl.constexpr, HAS_H0: tl.constexpr, REVERSE: tl.constexpr,
                   VARLEN: tl.constexpr, DOT: tl.constexpr, HAS_X: tl.constexpr, GATE: tl.constexpr, ONES: tl.constexpr,
                   HAS_E: tl.constexpr, XR: tl.constexpr, SPLIT: tl.constexpr, HAS_W: tl.constexpr,
-                  VSUM: tl.constexpr, HAS_Z0: tl.constexpr, SEG: tl.constexpr):
+                  VSUM: tl.constexpr, HAS_Z0: tl.constexpr):
     i_nh, i_k, i_v = tl.program_id(0), tl.program_id(1), tl.program_id(2)  # sequences x heads on axis 0
     i_n, i_h = i_nh // H, i_nh % H  # i_n: a sequence's segment (NS per sequence, _segments) and its final state's row
-    if VARLEN and SEG:  # segment i_n of the packed sequences: its row of the table (segment_table)
-        row = seg + i_n * 6
-        bos, eos, c0 = tl.load(row), tl.load(row + 1), tl.load(row + 2)
-        i_seq, first, seq_end = tl.load(row + 3), tl.load(row + 4) != 0, tl.load(row + 5)
-        i_b = i_n * 0  # B == 1
-    elif VARLEN:
+    if VARLEN:
         bos = tl.load(cu + i_n)
         eos = tl.load(cu + i_n + 1)
         c0 = tl.load(chunk_offset + i_n)
@@ -394,7 +389,6 @@ def chunk_states(k, v, b, c, h0, layout, reverse, dot, state_dtype=torch.float32
     N = layout.N
     # a long sequence with few programs: its segments walked side by side, then joined (state_join.py)
     NS = segments(layout, T, H, K, V, c is not None, b is not None, k.device)
-    table = segment_table(layout, NS, reverse, k.device) if NS > 1 and layout.varlen else None
     border = alloc((B, H, layout.n, K, V), k.device, state_dtype)
     final = alloc((N * NS, H, K, V), k.device)
     # 8 warps: a program of this sequential loop is alone on its multiprocessor (one warp per scheduler at 4
@@ -457,15 +451,15 @@ def chunk_states(k, v, b, c, h0, layout, reverse, dot, state_dtype=torch.float32
            n0 if n0 is not None else dummy, n_border if ones else dummy, n_final if ones else dummy,
            e if e is not None else dummy, w if w is not None else dummy, partner_n if partner_n is not None else dummy,
            z0 if z0 is not None else dummy, z_carry if v_sums else dummy, z_final if v_sums else dummy, layout.cu,
-           layout.chunk_offset, table if table is not None else layout.cu, T, H, K, V, layout.n, NVT,
+           layout.chunk_offset, T, H, K, V, layout.n, NVT,
            (b.stride(0) if b is not None and b.shape[0] > 1 else 0),
            (c.stride(0) if c is not None and c.shape[0] > 1 else 0), float(scale), NS,
            DB=DB, C=layout.C, NB=layout.C // BT, BT=BT, BK=BK, BV=BV, HAS_B=b is not None, HAS_C=c is not None,
            HAS_H0=h0 is not None, REVERSE=reverse, VARLEN=layout.varlen, DOT=dot, HAS_X=X is not None,
            GATE=gate is not None, ONES=ones, HAS_E=e is not None, XR=partner_right, SPLIT=split, HAS_W=w is not None,
-           VSUM=v_sums, HAS_Z0=v_sums and z0 is not None, SEG=table is not None, num_warps=W, num_stages=stages)
+           VSUM=v_sums, HAS_Z0=v_sums and z0 is not None, num_warps=W, num_stages=stages)
     if NS > 1:
-        final, n_final, z_final = join_segments(b, reverse, NS, layout, T, border, final, n_border, n_final, z_carry,
+        final, n_final, z_final = join_segments(b, reverse, NS, layout.C, border, final, n_border, n_final, z_carry,
                                                  z_final, (partner, partner_n, X))
     if v_sums:
         return border, final, X, (n_border, n_final), (z_carry, z_final)
@@ -482,40 +476,33 @@ _FORCED = os.environ.get("ULA_STATE_SPLIT")
 
 def segments(layout, T, H, K, V, excluded, decayed, device):
     """Segments per sequence of a state call (1: none): double them while the programs at the default tiles stay
-    within the multiprocessors, segments hold whole chunks and at least MIN_SEGMENT steps. Never with a right decay
-    (excluded); with a left decay only at 4 segments or more. With varlen the longest sequence sets the count, and
-    each sequence splits into that many segments of equal chunk counts (the last ones shorter or empty). On an H100,
-    f+b, all three state calls split (benchmarks/results/state_split_decays_terms_h100_session29.json): at B1 T16384
-    H8, 4 segments, scalar / vector / mLSTMexp / mLSTMsig / GLA -10 / -21 / -18 / -13 / -15% against no split, and
-    2-5% faster than the core's own split (ula/core/time_split.py, which leaves such calls to this one); at B1 T32768
-    H16, 2 segments, +2 / -6 / -1 / -1 / +2%. Without a decay normalized attention gained 23-36%
-    (state_split_h100_session29.json)."""
-    if excluded:
+    within the multiprocessors, segments hold whole chunks and at least MIN_SEGMENT steps. Never with varlen or a right
+    decay (excluded); with a left decay only at 4 segments or more. On an H100, f+b, all three state calls split
+    (benchmarks/results/state_split_decays_terms_h100_session29.json): at B1 T16384 H8, 4 segments, scalar / vector /
+    mLSTMexp / mLSTMsig / GLA -10 / -21 / -18 / -13 / -15% against no split, and 2-5% faster than the core's own split
+    (ula/core/time_split.py, which leaves such calls to this one); at B1 T32768 H16, 2 segments, +2 / -6 / -1 / -1 /
+    +2%. Without a decay normalized attention gained 23-36% (state_split_h100_session29.json)."""
+    if layout.varlen or excluded:
         return 1
-    if layout.varlen:
-        cu = layout.host[1]
-        longest = max(e - s for s, e in zip(cu, cu[1:]))
-        return segment_count(layout.N, longest, H, K, V, layout.C, decayed, device, whole=False)
     return segment_count(layout.N, T, H, K, V, layout.C, decayed, device)
 
 
-def segment_count(N, T, H, K, V, C, decayed, device, whole=True):
-    """segments() for N sequences of T steps in chunks of C (whole: T a multiple of the segments' chunks; else the
-    longest of packed sequences), without a right decay."""
+def segment_count(N, T, H, K, V, C, decayed, device):
+    """segments() for N sequences of T steps in chunks of C, neither varlen nor with a right decay."""
     if _FORCED is not None:
         S = int(_FORCED)
-        return S if S > 1 and (not whole or T % (S * C) == 0) else 1
-    S = split_count(N, T, H, K, V, C, MIN_SEGMENT, device, whole)
+        return S if S > 1 and T % (S * C) == 0 else 1
+    S = split_count(N, T, H, K, V, C, MIN_SEGMENT, device)
     return 1 if decayed and S < 4 else S
 
 
-def split_count(N, T, H, K, V, step, shortest, device, whole=True):
+def split_count(N, T, H, K, V, step, shortest, device):
     """How many segments N sequences of T steps split into to fill the GPU (this kernel's split and
     ula/core/time_split.py's): doubled while the state kernel's programs at its default tiles times the segments stay
-    within the multiprocessors, and segments hold at least `shortest` steps (and, where whole, T / S whole `step`s)."""
+    within the multiprocessors, and segments hold whole `step`s and at least `shortest` steps."""
     programs = N * H * cdiv(K, block(K, STATE_TILES[1])) * cdiv(V, block(V, STATE_TILES[2]))
     sms = multiprocessors(device)
     S = 1
-    while programs * S * 2 <= sms and (not whole or T % (S * 2 * step) == 0) and T // (S * 2) >= shortest:
+    while programs * S * 2 <= sms and T % (S * 2 * step) == 0 and T // (S * 2) >= shortest:
         S *= 2
     return S
