@@ -3,6 +3,8 @@ import math
 
 import torch
 
+from .cu_cache import host_values
+
 FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
 # Value checks (a log decay must be finite and <= 0) read the data: on a GPU that waits for the whole queue
@@ -77,7 +79,7 @@ def check_linear_attention(q, k, v, ld, rd, scale, initial_state, cu_seqlens, ch
         if torch.compiler.is_compiling():  # values are not known while tracing; checked in eager runs
             c = None
         else:
-            c = cu_seqlens.tolist()
+            c = list(host_values(cu_seqlens))
     if cu_seqlens is not None and c is not None:
         if c[0] != 0 or c[-1] != T:
             raise ValueError(f"cu_seqlens must start at 0 and end at T = {T}, got {c[0]} ... {c[-1]}")

@@ -73,6 +73,7 @@ import torch.distributed as dist
 from .api import linear_attention
 from .checks import check_linear_attention
 from .cp_entry import add_entry_term
+from .cu_cache import host_values
 from .op import BackwardInitialState, backward_initial_state
 
 __all__ = ["cp_linear_attention"]
@@ -161,7 +162,7 @@ def check_global_cu(cu_seqlens, B):
         raise ValueError(f"cu_seqlens must be 1-D [N + 1], got shape {tuple(cu_seqlens.shape)}")
     if B != 1:
         raise ValueError(f"cu_seqlens needs the sequences packed along T with B == 1, got B = {B}")
-    c = cu_seqlens.tolist()
+    c = list(host_values(cu_seqlens))
     if c[0] != 0 or any(b <= a for a, b in zip(c, c[1:])):
         raise ValueError(f"cu_seqlens (global, over all ranks' slices) must start at 0 and be strictly "
                          f"increasing, got {c}")
@@ -172,7 +173,7 @@ def cu_hash(cu_seqlens):
     """A number that differs between ranks that pass different global cu_seqlens (compared by `agree`)."""
     if cu_seqlens is None:
         return -1
-    return sum((i + 1) * x for i, x in enumerate(cu_seqlens.tolist())) % (1 << 61)
+    return sum((i + 1) * x for i, x in enumerate(host_values(cu_seqlens))) % (1 << 61)
 
 
 def _local_checks(q, k, v, ld, rd, scale, initial_state, cu_seqlens, chunk_size, backend):
@@ -330,7 +331,7 @@ def cp_linear_attention(q, k, v, ld=None, rd=None, *, cp_group, scale=None, init
     if err is None:
         B, T, H, K = q.shape
         V = v.shape[-1]
-        c = cu_seqlens.tolist() if cu_seqlens is not None else None
+        c = list(host_values(cu_seqlens)) if cu_seqlens is not None else None
         tensors = (q, k, v, ld, rd, initial_state)
         needs_grad = torch.is_grad_enabled() and any(x is not None and x.requires_grad for x in tensors)
         vals = [B, H, K, V, _ld_code(ld), rd is not None, bool(reverse), bool(output_final_state), needs_grad,

@@ -15,6 +15,8 @@ from typing import NamedTuple
 
 import torch
 
+from .cu_cache import cached, host_values
+
 
 class ChunkLayout(NamedTuple):
     starts: torch.Tensor  # int32 [n]: first step of every chunk
@@ -25,11 +27,16 @@ class ChunkLayout(NamedTuple):
 
 def chunk_layout(T, C, cu_seqlens, device):
     """Chunks start at each sequence's first step. Without cu_seqlens the layout is made on the device (no
-    host-device copy, which would wait for the GPU queue)."""
+    host-device copy, which would wait for the GPU queue); with it, on the host once per cu_seqlens tensor
+    (ula/core/cu_cache.py)."""
     if cu_seqlens is None:
         starts = torch.arange(0, T, C, device=device, dtype=torch.int32)
         return ChunkLayout(starts, (starts + C).clamp_max(T), starts + C < T, C)
-    bounds = cu_seqlens.tolist()
+    return cached(cu_seqlens, ("decay_grad", C, device),
+                  lambda: _packed_layout(host_values(cu_seqlens), C, device))
+
+
+def _packed_layout(bounds, C, device):
     starts, ends, inner = [], [], []
     for s, e in zip(bounds, bounds[1:]):
         for c0 in range(s, e, C):

@@ -50,7 +50,8 @@ class SoftmaxAttentionLayer(Mixer):
             if state is not None:
                 raise ValueError("SoftmaxAttentionLayer: a KV cache cannot be combined with cu_seqlens")
             cu = cu_seqlens.to(device=x.device, dtype=torch.long)
-            seq = torch.repeat_interleave(torch.arange(cu.numel() - 1, device=x.device), cu[1:] - cu[:-1])
+            seq = torch.repeat_interleave(torch.arange(cu.numel() - 1, device=x.device), cu[1:] - cu[:-1],
+                                          output_size=T)  # T given: no wait for the GPU to learn the size
             pos = torch.arange(T, device=x.device) - cu[:-1][seq]
             idx = torch.arange(T, device=x.device)
             mask = (seq[:, None] == seq[None, :]) & (idx[:, None] >= idx[None, :])

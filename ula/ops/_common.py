@@ -5,6 +5,7 @@ import contextlib
 import torch
 
 from ..core.backends import runs_triton
+from ..core.cu_cache import host_values
 from ._checks import check_float, check_step_qkv, check_step_state
 
 
@@ -98,8 +99,9 @@ class PackedLayout:
             return
         cu = cu_seqlens.to(device=device, dtype=torch.long)
         lens = cu[1:] - cu[:-1]
-        self.N, self.L = lens.numel(), int(lens.max())
-        self.seq = torch.repeat_interleave(torch.arange(self.N, device=device), lens)
+        bounds = host_values(cu_seqlens)  # the sizes on the host without a wait per call (ula/core/cu_cache.py)
+        self.N, self.L = lens.numel(), max(e - s for s, e in zip(bounds, bounds[1:]))
+        self.seq = torch.repeat_interleave(torch.arange(self.N, device=device), lens, output_size=T)
         self.pos = torch.arange(T, device=device) - cu[:-1][self.seq]
         self.lens = lens
 

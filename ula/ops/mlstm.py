@@ -46,6 +46,7 @@ import torch.nn.functional as F
 from ..core import linear_attention
 from ..core.api import one_sequence_as_batch
 from ..core.backends import runs_fused
+from ..core.cu_cache import host_values
 from ..core.ones import linear_attention_with_ones, with_ones_column
 from ..core.time_scan import scan_time
 from ._checks import check_float, check_sequence, check_state_tuple, check_step_qkv, num_sequences
@@ -247,7 +248,7 @@ def _mlstm_exp_cp(q, k, v, i, f, eps, initial_state, group, kw):
         vals = [B, H, K, v.shape[-1], bool(kw["output_final_state"]), needs_grad, N, cp.cu_hash(cu_seqlens)]
         own = [T, initial_state is not None]
     metas = cp.agree(group, err, list(zip(names, vals)), own, q.device, who)
-    c = cu_seqlens.tolist() if cu_seqlens is not None else None
+    c = list(host_values(cu_seqlens)) if cu_seqlens is not None else None
     plans, _ = cp.slice_plans([m[0] for m in metas], c, False, [bool(m[1]) for m in metas], who)
     me = plans[rank]
     Np, Bs = len(me["pieces"]), (1 if c is not None else B)

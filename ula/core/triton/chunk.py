@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ..cu_cache import cached, host_values
 from .cumsum import chunk_cumsum
 from .decay_grad import log_decay_grad_triton
 from .output import chunk_output
@@ -36,11 +37,17 @@ def make_layout(B, T, C, cu_seqlens, device):
         if z is None:
             z = _DUMMY[device] = torch.zeros(1, dtype=torch.int32, device=device)
         return Layout(C, cdiv(T, C), B, False, z, z, z, z)
+    return cached(cu_seqlens, ("layout", C, device), lambda: _packed_layout(cu_seqlens, C, device))
+
+
+def _packed_layout(cu_seqlens, C, device):
+    # the grid size n on the host, from cu_seqlens' values (read once per tensor: ula/core/cu_cache.py)
+    bounds = host_values(cu_seqlens)
+    n = sum(-(-(e - s) // C) for s, e in zip(bounds, bounds[1:]))
     cu = cu_seqlens.to(device=device, dtype=torch.int64)
     N = cu.numel() - 1
     nch = (cu[1:] - cu[:-1] + C - 1) // C
     offset = torch.cat([torch.zeros(1, dtype=torch.int64, device=device), nch.cumsum(0)])
-    n = int(offset[-1])  # the grid size needs it on the host (one sync)
     seq = torch.repeat_interleave(torch.arange(N, device=device), nch, output_size=n)
     local = torch.arange(n, device=device) - offset[seq]
     start = cu[seq] + local * C

@@ -1,0 +1,86 @@
+"""cu_seqlens is read on the host once per tensor (ula/core/cu_cache.py): every op, pass and chunk size reuses its
+values and layouts; a tensor written in place, a new tensor and an inference-mode tensor are read again; results
+stay those of the float64 reference."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+pytest.importorskip("triton")
+
+import ula  # noqa: E402
+from helpers import compare_with_reference, fresh_seed, make_inputs  # noqa: E402
+from ula.core import cu_cache  # noqa: E402
+
+
+@pytest.fixture
+def reads(monkeypatch):
+    """The host reads of cu_seqlens' values, counted."""
+    seen = []
+    real = cu_cache._read
+
+    def counted(cu):
+        seen.append(tuple(cu.tolist()))
+        return real(cu)
+    monkeypatch.setattr(cu_cache, "_read", counted)
+    return seen
+
+
+def _check(errs, seed, tol=1e-4):
+    bad = {n: f"{e:.2e}" for n, e in errs.items() if not e <= tol}
+    assert not bad, (bad, seed)
+
+
+def test_one_read_for_every_op_and_pass(reads):
+    """Forward and backward of the core (two chunk sizes, a decay), GLA, mLSTMexp, normalized attention and GSA on
+    one cu_seqlens: one read."""
+    cu = torch.tensor([0, 9, 30, 41])
+    B, T, H, K = 1, 41, 2, 16
+    q, k, v = (torch.randn(B, T, H, K, requires_grad=True) for _ in range(3))
+    g = F.logsigmoid(torch.randn(B, T, H, K))
+    f = torch.randn(B, T, H)
+    outs = [ula.linear_attention(q, k, v, g, cu_seqlens=cu, chunk_size=c, backend="triton")[0] for c in (16, 32)]
+    outs += [ula.gla(q, k, v, g, cu_seqlens=cu, backend="triton")[0],
+             ula.mlstm(q, k, v, f, f + 2, cu_seqlens=cu, backend="triton")[0],
+             ula.normalized_linear_attention(q, k, v, cu_seqlens=cu, backend="triton")[0],
+             ula.gsa(q, k, v, torch.randn(B, T, H, 8), F.logsigmoid(torch.randn(B, T, H, 8)), cu_seqlens=cu,
+                     backend="triton")[0]]
+    sum(o.sum() for o in outs).backward()
+    assert reads == [(0, 9, 30, 41)], reads
+
+
+@pytest.mark.parametrize("how", ["in_place", "new_tensor"])
+def test_changed_boundaries_are_read_again(reads, how):
+    """The same call after cu_seqlens changed (written in place, or a new tensor) takes the new boundaries: against
+    the float64 reference both times, two reads."""
+    seed = fresh_seed()
+    q, k, v, ld, _, h0 = make_inputs("scalar", False, 1, 50, 2, 16, 16, N=3)
+    cu = torch.tensor([0, 7, 33, 50])
+    op = lambda *a, **kw: ula.linear_attention(*a, chunk_size=16, backend="triton", **kw)  # noqa: E731
+    _check(compare_with_reference(op, (q, k, v, ld, None, h0), cu_seqlens=cu), seed)
+    if how == "in_place":
+        cu[1] = 20
+    else:
+        cu = torch.tensor([0, 20, 33, 50])
+    _check(compare_with_reference(op, (q, k, v, ld, None, h0), cu_seqlens=cu), seed)
+    assert reads == [(0, 7, 33, 50), (0, 20, 33, 50)], reads
+
+
+def test_inference_tensor_is_read_each_call(reads):
+    """A cu_seqlens made under torch.inference_mode() has no version counter: read at every use, right each time."""
+    q, k, v, ld, _, _ = make_inputs("vector", False, 1, 30, 1, 16, 16)
+    with torch.inference_mode():
+        cu = torch.tensor([0, 11, 30])
+        o, _ = ula.linear_attention(q, k, v, ld, cu_seqlens=cu, chunk_size=16, backend="triton")
+        r, _ = ula.linear_attention(q, k, v, ld, cu_seqlens=cu, backend="reference")
+    assert torch.allclose(o.double(), r.double(), atol=1e-4, rtol=1e-4)
+    assert len(reads) >= 2 and set(reads) == {(0, 11, 30)}, reads
+
+
+def test_entries_go_with_their_tensor():
+    """The cache holds no reference to a cu_seqlens tensor: its entry leaves with it."""
+    cu = torch.tensor([0, 5, 12])
+    assert cu_cache.host_values(cu) == (0, 5, 12)
+    key = id(cu)
+    assert key in cu_cache._ENTRIES
+    del cu
+    assert key not in cu_cache._ENTRIES

@@ -1,0 +1,44 @@
+"""What a cu_seqlens tensor yields, computed once per tensor: its values on the host, and the layouts built from them.
+
+Reading a CUDA tensor's values on the host waits for everything queued on the GPU before it. Each packed call read
+cu_seqlens several times: the argument checks, the chunk layout of each pass, the decay gradient's layout, the
+families' per-sequence scans. So every layer's forward and backward stalled the host until the GPU caught up. A
+model's layers share one cu_seqlens tensor per step, so the values are now read once per tensor and reused, as long as
+that tensor is alive and unmodified (its version counter: any in-place write to it bumps it). Writes that bypass the
+counter (through `.data`, or through a NumPy view of a CPU tensor) are not seen: pass a new tensor instead. Tensors
+made under torch.inference_mode() have no version counter and are read every time."""
+import weakref
+
+_ENTRIES = {}  # id(tensor) -> (weak reference, version, {key: value})
+
+
+def _version(cu):
+    try:
+        return cu._version
+    except RuntimeError:  # an inference tensor: no version counter, so nothing can be cached for it
+        return None
+
+
+def cached(cu, key, build):
+    """build(), computed once per (cu_seqlens tensor, key) while the tensor lives unmodified. The value must not hold
+    a reference to cu itself (the entry would keep the tensor alive)."""
+    version = _version(cu)
+    if version is None:
+        return build()
+    entry = _ENTRIES.get(id(cu))
+    if entry is None or entry[0]() is not cu or entry[1] != version:
+        ref = weakref.ref(cu, lambda _, i=id(cu): _ENTRIES.pop(i, None))
+        entry = _ENTRIES[id(cu)] = (ref, version, {})
+    values = entry[2]
+    if key not in values:
+        values[key] = build()
+    return values[key]
+
+
+def _read(cu):
+    return tuple(cu.tolist())
+
+
+def host_values(cu):
+    """cu_seqlens' values as a tuple of ints, read from the device once per tensor."""
+    return cached(cu, "host", lambda: _read(cu))
