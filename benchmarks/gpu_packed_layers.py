@@ -13,7 +13,6 @@ library versions, and prints a table."""
 import argparse
 import json
 import os
-import subprocess
 import sys
 
 import torch
@@ -22,6 +21,7 @@ import triton
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 import ula  # noqa: E402
+from record import header  # noqa: E402
 
 
 def layer_inputs(op, B, T, H, L, D=128):
@@ -85,10 +85,7 @@ def main():
     ap.add_argument("--shapes", default="16384+16384,8;2048x8,16")
     ap.add_argument("--ops", default="linear,gla,mlstm_exp,normalized")
     a = ap.parse_args()
-    smi = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"],
-                         capture_output=True, text=True).stdout.strip()
-    res = dict(device=smi, torch=torch.__version__, triton=triton.__version__, ula=ula.__version__,
-               command=" ".join(sys.argv), results=[])
+    res = header()
     print(res["device"], res["torch"], res["triton"], flush=True)
     for shape in a.shapes.split(";"):
         lens, H = parse(shape)

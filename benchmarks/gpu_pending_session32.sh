@@ -3,7 +3,7 @@
 # decayed packed calls seen in session 31's call, on the tree as it stands; (2) packed layers, eager, with the
 # cu_seqlens cache against the tree before it (build/prev, carried); (3) the smoke; (4) the suite's GPU files.
 # Prepare: rm -rf build/prev && mkdir -p build/prev && git archive 1eff0ad | tar -x -C build/prev &&
-#          cp benchmarks/gpu_packed_layers.py build/prev/benchmarks/
+#          cp benchmarks/gpu_packed_layers.py benchmarks/record.py build/prev/benchmarks/
 # Run:     OUT=... bash benchmarks/gpu_pending_session32.sh   (carry build/prev)
 set -u
 L=$OUT/pending32.log

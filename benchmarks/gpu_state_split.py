@@ -15,12 +15,10 @@ line and library versions, and prints a table."""
 import argparse
 import json
 import os
-import subprocess
 import sys
 
 import torch
 import torch.nn.functional as F
-import triton
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 import ula  # noqa: E402
@@ -28,6 +26,7 @@ from ula.bench.measure import graph_times, measure  # noqa: E402
 from ula.core import time_split  # noqa: E402
 from ula.core.triton import state  # noqa: E402
 from gpu_time_split import peak_mib  # noqa: E402  (this folder is on the path: the script's own)
+from record import header  # noqa: E402
 
 MODES = {"off": ("1", "1"), "entry": (None, "1"), "state": ("1", None), "both": (None, None),
          "state2": ("1", "2"), "state4": ("1", "4")}
@@ -88,10 +87,7 @@ def main():
     ap.add_argument("--errors", action="store_true", help="also each setting's error against the op on float32 "
                     "copies of the inputs (unsplit), the largest relative Frobenius error over o and the gradients")
     a = ap.parse_args()
-    smi = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"],
-                         capture_output=True, text=True).stdout.strip()
-    res = dict(device=smi, torch=torch.__version__, triton=triton.__version__, ula=ula.__version__,
-               command=" ".join(sys.argv), results=[])
+    res = header()
     print(res["device"], res["torch"], res["triton"], flush=True)
     for shape in a.shapes.split(";"):
         cu = None

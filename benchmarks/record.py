@@ -1,0 +1,16 @@
+"""The head of a small GPU script's result file: the device line (nvidia-smi: name, driver), the library versions and
+the command, so that every number traces to the machine and the code that made it."""
+import subprocess
+import sys
+
+import torch
+import triton
+
+import ula
+
+
+def header():
+    smi = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"],
+                         capture_output=True, text=True).stdout.strip()
+    return dict(device=smi, torch=torch.__version__, triton=triton.__version__, ula=ula.__version__,
+                command=" ".join(sys.argv), results=[])
