@@ -8,9 +8,10 @@ import sys
 # -n 8 (the CLI, training and benchmark tests take a visible GPU). The GPU's own checks are benchmarks/gpu_smoke.py
 # and the GPU scripts. ULA_TEST_GPU=1 keeps the GPU and compiles the kernels for it, and runs only the files written
 # for that (GPU_FILES: their tensors on helpers.DEVICE); the rest build CPU tensors and are left out. On an H200 in
-# session 31: 334 passed (benchmarks/results/gpu_compiled_tests_h200_session31.txt).
+# session 31: 334 passed (benchmarks/results/gpu_compiled_tests_h200_session31.txt), before test_gpu_host_waits.py
+# (written that session after the device time was spent: not yet run).
 GPU_FILES = {"test_triton.py", "test_extreme.py", "test_state_precision.py", "test_determinism.py",
-             "test_audit_fixes_ops.py", "test_decode_static.py"}
+             "test_audit_fixes_ops.py", "test_decode_static.py", "test_gpu_host_waits.py"}
 if os.environ.get("ULA_TEST_GPU") != "1":
     os.environ.setdefault("TRITON_INTERPRET", "1")
     if os.environ["TRITON_INTERPRET"] == "1":
