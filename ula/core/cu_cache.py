@@ -6,7 +6,9 @@ families' per-sequence scans. So every layer's forward and backward stalled the 
 model's layers share one cu_seqlens tensor per step, so the values are now read once per tensor and reused, as long as
 that tensor is alive and unmodified (its version counter: any in-place write to it bumps it). Writes that bypass the
 counter (through `.data`, or through a NumPy view of a CPU tensor) are not seen: pass a new tensor instead. Tensors
-made under torch.inference_mode() have no version counter and are read every time."""
+made under torch.inference_mode() have no version counter and are read every time. A packed call captured in a CUDA
+graph (possible once its cu_seqlens was read before the capture) keeps the layout of the capture in every replay, as
+a graph keeps every size: capture again for other boundaries."""
 import weakref
 
 _ENTRIES = {}  # id(tensor) -> (weak reference, version, {key: value})
