@@ -377,3 +377,15 @@ def test_kept_output_carries_its_gradient(compiled):
     _check({"o": rel(out, o_r), **{f"d{n}": rel(x.grad, r.grad) for n, x, r in zip("qkvr", leaves, ref)}}, seed, TOL16)
     out32, _, kept32 = call(q, k, v, None, rd, h0, None, 16 ** -0.5, False, 16, "triton", None, "")
     assert kept32.numel() == 0 and op.o_for_grad(out32, kept32, rd) is out32
+
+
+def test_launch_key_tells_types_and_alignment_apart():
+    """The compiled-launch cache's key: 1, 1.0 and True (equal in Python, three signatures to Triton) and tensors of
+    other dtype or 16-byte alignment give other keys; equal arguments give the same key."""
+    from ula.core.triton.utils import launch_key
+    buf = torch.zeros(16)
+    key = lambda *args, **cx: launch_key(launch_key, 0, 4, None, cx, args)  # noqa: E731  (any object as the kernel)
+    assert len({key(1), key(1.0), key(True)}) == 3
+    assert key(buf, 7, 0.5, X=2) == key(torch.ones(16), 7, 0.5, X=2)
+    assert len({key(buf), key(buf[1:]), key(buf.double())}) == 3
+    assert key(1, X=1) != key(1, X=2)

@@ -378,6 +378,15 @@ def _warmup(kernel, grid, args, num_warps, constexprs, num_stages=None):
     kernel.warmup(*args, grid=grid, num_warps=num_warps, **_stages(first), **_OPTIONS, **constexprs)
 
 
+def launch_key(kernel, dev, num_warps, num_stages, constexprs, args):
+    """What a compiled launch is cached under: the kernel by id (its own hash takes a lock), tensors by dtype and
+    16-byte alignment, ints by value (Triton specializes 1 and multiples of 16), other numbers by type and value
+    (1, 1.0 and True compile to different signatures, and compare equal)."""
+    return (id(kernel), dev, num_warps, num_stages, *constexprs.values(),
+            *[(a.dtype, a.data_ptr() & 15 == 0) if isinstance(a, Tensor) else a if type(a) is int else (type(a), a)
+              for a in args])
+
+
 def launch(kernel, grid, *args, num_warps=4, num_stages=None, **constexprs):
     """kernel[grid](*args, num_warps=num_warps, **constexprs), with the host's cost of a repeated launch cut to a
     cache lookup. Every runtime argument positionally and in order, every constexpr by name. num_stages: None for
@@ -391,9 +400,7 @@ def launch(kernel, grid, *args, num_warps=4, num_stages=None, **constexprs):
         _launch_fitting(kernel, grid, args, num_warps, constexprs, num_stages)
         return
     dev = torch.cuda.current_device()
-    # tensors by dtype and alignment, numbers by value (the kernel by id: its own hash takes a lock)
-    key = (id(kernel), dev, num_warps, num_stages, *constexprs.values(),
-           *[(a.dtype, a.data_ptr() & 15 == 0) if isinstance(a, Tensor) else a for a in args])
+    key = launch_key(kernel, dev, num_warps, num_stages, constexprs, args)
     hit = _LAUNCHES.get(key)
     if hit is None:
         compiled = _launch_fitting(kernel, grid, args, num_warps, constexprs, num_stages)
