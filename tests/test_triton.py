@@ -389,3 +389,40 @@ def test_launch_key_tells_types_and_alignment_apart():
     assert key(buf, 7, 0.5, X=2) == key(torch.ones(16), 7, 0.5, X=2)
     assert len({key(buf), key(buf[1:]), key(buf.double())}) == 3
     assert key(1, X=1) != key(1, X=2)
+
+
+def test_compiled_launch_path_reuses_its_kernel(monkeypatch):
+    """The compiled path of utils.launch (a GPU's, faked here): the first launch of a key goes through Triton's
+    own path and keeps its compiled kernel; the next launch with the same key calls that kernel directly with the
+    grid, the arguments and the constexprs in order; 1.0 in place of 1 is another key, so another compile."""
+    from ula.core.triton import utils
+    monkeypatch.setattr(utils, "INTERPRET", False)
+    monkeypatch.setattr(utils, "_LAUNCHES", {})
+    monkeypatch.setattr(utils.knobs.runtime, "launch_enter_hook", None)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(utils, "_current_stream", lambda dev: "stream")
+    runs, compiles = [], []
+
+    class Compiled:
+        function, packed_metadata = "fn", "meta"
+
+        def run(self, *a):
+            runs.append(a)
+
+    class FakeKernel:
+        arg_names = ["x", "n", "BLOCK", "FLAG"]
+        fn = type("fn", (), {"__name__": "_fake_kernel"})
+
+        def __getitem__(self, grid):
+            def call(*args, num_warps, **kw):
+                compiles.append((grid, args, kw.get("BLOCK"), kw.get("FLAG")))
+                return Compiled()
+            return call
+
+    k, buf = FakeKernel(), torch.zeros(16)
+    utils.launch(k, (3,), buf, 1, num_warps=4, BLOCK=64, FLAG=True)
+    utils.launch(k, (5, 2), buf, 1, num_warps=4, BLOCK=64, FLAG=True)
+    assert len(compiles) == 1 and len(runs) == 1
+    assert runs[0][:6] == (5, 2, 1, "stream", "fn", "meta") and runs[0][9:] == (buf, 1, 64, True), runs[0]
+    utils.launch(k, (3,), buf, 1.0, num_warps=4, BLOCK=64, FLAG=True)
+    assert len(compiles) == 2 and len(runs) == 1
