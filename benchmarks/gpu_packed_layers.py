@@ -69,14 +69,15 @@ def time_stack(op, layers, cu):
     return t_f, t_fb
 
 
-def parse(shape):
+def packed_shape(shape):
+    """A shape "L1+L2+...,H" or "LxN,H" (N sequences of L) -> (the lengths, H, cu_seqlens int32 on the GPU)."""
     lens, H = shape.split(",")
     if "x" in lens:
         n, count = lens.split("x")
         lens = [int(n)] * int(count)
     else:
         lens = [int(x) for x in lens.split("+")]
-    return lens, int(H)
+    return lens, int(H), torch.tensor([0] + lens, device="cuda").cumsum(0).to(torch.int32)
 
 
 def main():
@@ -88,9 +89,8 @@ def main():
     res = header()
     print(res["device"], res["torch"], res["triton"], flush=True)
     for shape in a.shapes.split(";"):
-        lens, H = parse(shape)
+        lens, H, cu = packed_shape(shape)
         T = sum(lens)
-        cu = torch.tensor([0] + lens, device="cuda").cumsum(0).to(torch.int32)
         for op in a.ops.split(","):
             row = dict(op=op, lens=lens, H=H, layers=a.layers)
             row["packed_fwd_ms"], row["packed_fb_ms"] = time_stack(op, layer_inputs(op, 1, T, H, a.layers), cu)

@@ -26,6 +26,7 @@ from ula.bench.measure import graph_times, measure  # noqa: E402
 from ula.core import time_split  # noqa: E402
 from ula.core.triton import state  # noqa: E402
 from gpu_time_split import peak_mib  # noqa: E402  (this folder is on the path: the script's own)
+from gpu_packed_layers import packed_shape  # noqa: E402
 from record import header  # noqa: E402
 
 MODES = {"off": ("1", "1"), "entry": (None, "1"), "state": ("1", None), "both": (None, None),
@@ -92,10 +93,8 @@ def main():
     for shape in a.shapes.split(";"):
         cu = None
         if "+" in shape:  # packed sequences "L1+L2+...,H" (B = 1): eager medians (the layout reads cu on the host)
-            lens, H = shape.split(",")
-            lens = [int(x) for x in lens.split("+")]
-            B, T, H = 1, sum(lens), int(H)
-            cu = torch.tensor([0] + lens, device="cuda").cumsum(0).to(torch.int32)
+            lens, H, cu = packed_shape(shape)
+            B, T = 1, sum(lens)
         else:
             B, T, H = map(int, shape.split(","))
         for op in a.ops.split(","):
