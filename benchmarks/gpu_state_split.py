@@ -76,7 +76,8 @@ def outputs(fn, args):
     o = fn(*args)
     do = torch.randn(o.shape, device="cuda", generator=torch.Generator(device="cuda").manual_seed(1)).to(o.dtype)
     o.backward(do)
-    return [o.detach().float()] + [a.grad.detach().float() for a in args]
+    # copies: .float() of a float32 grad is that grad itself, which the timing's backward passes then add to
+    return [o.detach().float().clone()] + [a.grad.detach().float().clone() for a in args]
 
 
 def main():

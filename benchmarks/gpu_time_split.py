@@ -41,7 +41,8 @@ def outputs(fn, args, do):
         a.grad = None
     o = fn(*args)
     o.backward(do)
-    return [o.detach().float()] + [a.grad.detach().float() for a in leaves]
+    # copies: .float() of a float32 grad is that grad itself, which later backward passes may add to
+    return [o.detach().float().clone()] + [a.grad.detach().float().clone() for a in leaves]
 
 
 def rel(a, b):

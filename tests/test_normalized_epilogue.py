@@ -132,10 +132,12 @@ def test_normalized_triton_wide_values(b, one_thread):
     a, b = torch.rand(H) + 1.2, (torch.rand(H) * 2 - 1 if b == "head" else -0.7)
     inp = dict(q=torch.randn(2, 45, H, K), k=torch.randn(2, 45, H, K), v=torch.randn(2, 45, H, V), a=a, b=b,
                h0=_state(2, K, V))
-    errs = compare(lambda h0, **x: ula.normalized_linear_attention(**x, initial_state=h0, output_final_state=True,
-                                                                   chunk_size=32, backend="triton"),
-                   lambda h0, **x: ref_normalized(**x, h0=h0), inp)
-    check(errs, seed)
+    # judged against the float32 recurrence's own miss: da sums over every step and can cancel (seed 1075582242: da
+    # 1.15e-4, the float32 recurrence 3.1e-5)
+    op = lambda h0, **x: ula.normalized_linear_attention(  # noqa: E731
+        **x, initial_state=h0, output_final_state=True, chunk_size=32, backend="triton")
+    errs, errs32 = compare(op, lambda h0, **x: ref_normalized(**x, h0=h0), inp, ref_float32=True)
+    check_conditioned(errs, errs32, f"seed {seed}")
 
 
 @pytest.mark.parametrize("l2,a,tile", [(True, "float", None), (True, "fixed_head", "2048,4"),

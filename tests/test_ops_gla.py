@@ -1,5 +1,7 @@
 """GLA and the one-line families of paper 000 Table 2 (plain, RetNet/TNL, Mamba2, HGRN2) against float64
 references written from their recurrences: forward, gradients (decays included), states, varlen, decoding."""
+import math
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -53,6 +55,9 @@ def test_plain_and_retention():
     o, _ = ula.retention(q, k, v, **KW)
     o_ref, _ = ref_retention(q.double(), k.double(), v.double(), 1 - 2.0 ** (-5 - torch.arange(H, dtype=torch.float64)))
     assert rel(o, o_ref) <= 1e-4, seed
+    # made on the device (no host copy): the same float32 values as the formula in double on the host
+    want = torch.tensor([math.log1p(-2.0 ** (-5 - h)) for h in range(40)], dtype=torch.float32)
+    assert torch.equal(ula.retnet_log_decay(40), want)
 
 
 def test_mamba2():

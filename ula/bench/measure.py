@@ -30,6 +30,8 @@ def measure(fn, args):
     def fb():
         fn(*args).backward(do)
 
+    for a in leaves:  # a caller's gradients are left as they were, not added to (a caller may hold them)
+        a.grad = None
     fb()
     t_fb = triton.testing.do_bench(fb, warmup=25, rep=100, return_mode="median", grad_to_none=leaves)
     for a in leaves:

@@ -9,7 +9,6 @@
 
 GLA (vector decay) is `ula.gla`, mLSTM / xLSTM (scalar decay) is `ula.mlstm`.
 Every op returns (o, final state) and has a `*_step` twin for decoding one token at a time."""
-import math
 
 import torch
 
@@ -32,7 +31,9 @@ def retnet_log_decay(H, device=None):
     """RetNet's fixed per-head decays γ_h = 1 − 2^(−5−h), as log decays [H] (float32)."""
     if isinstance(H, bool) or not isinstance(H, int) or H < 1:
         raise ValueError(f"retnet_log_decay: H (number of heads) must be an int >= 1, got {H!r}")
-    return torch.tensor([math.log1p(-2.0 ** (-5 - h)) for h in range(H)], dtype=torch.float32, device=device)
+    # made on the device: a tensor from host values is a copy that waits for the GPU's queue
+    h = torch.arange(H, dtype=torch.float64, device=device)
+    return torch.log1p(-torch.exp2(-5 - h)).to(torch.float32)
 
 
 def retention(q, k, v, ld=None, *, scale=None, initial_state=None, output_final_state=False, cu_seqlens=None,
