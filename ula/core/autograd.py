@@ -7,7 +7,8 @@ Decay gradients come in closed form (decay_grad.py).
 """
 import torch
 
-from .decay_grad import border_sums, chunk_layout, log_decay_grad
+from .chunk_layout import chunk_bounds
+from .decay_grad import border_sums, log_decay_grad
 
 
 def canonical_left(ld, T):
@@ -134,7 +135,7 @@ def _backward_unfused(F, q, k, v, ld, rd, h0, o, do, dS, scale, cu, rev, C, need
     if need_ld or need_rd:
         # the dQ pass carries the forward states (transposed), the dV pass their gradients
         A, A_rev = (A_v, _t(A_q)) if rev else (_t(A_q), A_v)
-        layout = chunk_layout(T, C, cu, q.device)
+        layout = chunk_bounds(T, C, cu, q.device)
         X_left, X_right = border_sums(A, A_rev, gl, rd, layout)
         del A, A_rev, A_q, A_v
         sign = -1.0 if rev else 1.0

@@ -11,40 +11,7 @@ entering chunk n from the right, ld_next / rd_next: decay of the step after the 
 sequence, where A and Ã are the final state and its gradient, or the gradient of the initial state and
 the initial state). The right decay is the same with (o, do, v, dv) and the sum over K.
 """
-from typing import NamedTuple
-
 import torch
-
-from .cu_cache import cached, host_values
-
-
-class ChunkLayout(NamedTuple):
-    starts: torch.Tensor  # int32 [n]: first step of every chunk
-    ends: torch.Tensor    # int32 [n]: exclusive end
-    inner: torch.Tensor   # bool [n]: a chunk of the same sequence follows
-    C: int                # chunk size
-
-
-def chunk_layout(T, C, cu_seqlens, device):
-    """Chunks start at each sequence's first step. Without cu_seqlens the layout is made on the device (no
-    host-device copy, which would wait for the GPU queue); with it, on the host once per cu_seqlens tensor
-    (ula/core/cu_cache.py)."""
-    if cu_seqlens is None:
-        starts = torch.arange(0, T, C, device=device, dtype=torch.int32)
-        return ChunkLayout(starts, (starts + C).clamp_max(T), starts + C < T, C)
-    return cached(cu_seqlens, ("decay_grad", C, device),
-                  lambda: _packed_layout(host_values(cu_seqlens), C, device))
-
-
-def _packed_layout(bounds, C, device):
-    starts, ends, inner = [], [], []
-    for s, e in zip(bounds, bounds[1:]):
-        for c0 in range(s, e, C):
-            starts.append(c0)
-            ends.append(min(c0 + C, e))
-            inner.append(c0 + C < e)
-    as_t = lambda x, dt: torch.tensor(x, device=device, dtype=dt)  # noqa: E731
-    return ChunkLayout(as_t(starts, torch.int32), as_t(ends, torch.int32), as_t(inner, torch.bool), C)
 
 
 def border_sums(A, A_rev, gl, gr, layout):

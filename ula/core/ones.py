@@ -18,6 +18,7 @@ from .api import _pad_to_16, linear_attention, one_sequence_as_batch
 from .autograd import canonical_left
 from .backends import chunk_fn, runs_fused
 from .checks import check_linear_attention
+from .chunk_layout import make_layout
 
 
 def with_ones_column(v):
@@ -78,7 +79,6 @@ def _ones_forward(q, k, v, ld, u, S0, n0, scale, cu_seqlens, C, prec, **extra):
 
 
 def _ones_forward_kernels(q, k, v, ld, u, S0, n0, scale, cu_seqlens, C, **extra):
-    from .triton.chunk import make_layout
     from .triton.cumsum import chunk_cumsum
     from .triton.output import chunk_output
     from .triton.state import chunk_states

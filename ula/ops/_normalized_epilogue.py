@@ -24,7 +24,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..core.triton.chunk import make_layout
+from ..core.chunk_layout import make_layout
 from ..core.triton.utils import alloc, block, cdiv, chunk_bounds, launch, tuned
 
 # Steps per chunk, and (elements of a [rows, V] tile, warps) of the chunk kernels (forward and chunk sums;

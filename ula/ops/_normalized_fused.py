@@ -26,7 +26,7 @@ import torch
 
 from ..core import precision
 from ..core.ones import _ones_backward, _ones_forward
-from ..core.triton.chunk import make_layout
+from ..core.chunk_layout import make_layout
 from . import _normalized_epilogue as epi
 from ._l2norm import unit_one
 

@@ -20,7 +20,8 @@ from typing import NamedTuple
 import torch
 
 from ..autograd import LOG_DECAY_FLOOR, canonical_left
-from .chunk import _final_decay, make_layout
+from ..chunk_layout import make_layout
+from .chunk import _final_decay
 from .cumsum import chunk_cumsum
 from .decay_grad import decay_grad_from_terms
 from .output import chunk_output

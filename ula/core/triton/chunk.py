@@ -2,57 +2,14 @@
 
 Same contract as ula.core.chunk_torch.chunk_recurrence. Reverse and varlen are native: the kernels walk the
 chunks backward and read the sequence bounds themselves (no flipped or padded copies of q, k, v)."""
-from dataclasses import dataclass
-
 import torch
 
-from ..cu_cache import cached, host_values
+from ..chunk_layout import make_layout
 from .cumsum import chunk_cumsum
 from .decay_grad import log_decay_grad_triton
 from .output import chunk_output
 from .state import chunk_states
-from .utils import DOT_TF32, cdiv, dot_code, part_dot, state_dot
-
-
-@dataclass
-class Layout:
-    """Where the chunks are. Chunks start at each sequence's first step. Without cu_seqlens every batch element
-    has n = cdiv(T, C) chunks; with it, n counts the chunks of all sequences, one after another."""
-    C: int
-    n: int
-    N: int
-    varlen: bool
-    cu: torch.Tensor           # int32 [N + 1] (a dummy without varlen)
-    chunk_seq: torch.Tensor    # int32 [n]: sequence of each chunk
-    chunk_start: torch.Tensor  # int32 [n]: first step of each chunk
-    chunk_offset: torch.Tensor  # int32 [N + 1]: first chunk of each sequence
-
-
-_DUMMY = {}  # per device: an int32 tensor passed where a kernel reads nothing (no allocation per call)
-
-
-def make_layout(B, T, C, cu_seqlens, device):
-    if cu_seqlens is None:
-        z = _DUMMY.get(device)
-        if z is None:
-            z = _DUMMY[device] = torch.zeros(1, dtype=torch.int32, device=device)
-        return Layout(C, cdiv(T, C), B, False, z, z, z, z)
-    return cached(cu_seqlens, ("layout", C, device), lambda: _packed_layout(cu_seqlens, C, device))
-
-
-def _packed_layout(cu_seqlens, C, device):
-    # the grid size n on the host, from cu_seqlens' values (read once per tensor: ula/core/cu_cache.py)
-    bounds = host_values(cu_seqlens)
-    n = sum(-(-(e - s) // C) for s, e in zip(bounds, bounds[1:]))
-    cu = cu_seqlens.to(device=device, dtype=torch.int64)
-    N = cu.numel() - 1
-    nch = (cu[1:] - cu[:-1] + C - 1) // C
-    offset = torch.cat([torch.zeros(1, dtype=torch.int64, device=device), nch.cumsum(0)])
-    seq = torch.repeat_interleave(torch.arange(N, device=device), nch, output_size=n)
-    local = torch.arange(n, device=device) - offset[seq]
-    start = cu[seq] + local * C
-    i32 = lambda x: x.to(torch.int32).contiguous()  # noqa: E731
-    return Layout(C, n, N, True, i32(cu), i32(seq), i32(start), i32(offset))
+from .utils import DOT_TF32, dot_code, part_dot, state_dot
 
 
 def _final_decay(S, gl, gr, cu_seqlens, floor=None):

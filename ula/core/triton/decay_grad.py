@@ -105,7 +105,7 @@ def decay_grad_from_terms(db, X, sign, shape, T, C, n, bounds=None, g_mask=None,
 
 
 def log_decay_grad_triton(a, da, x, dx, sign, X, layout, shape):
-    """Same contract as ula.core.decay_grad.log_decay_grad (layout from chunk_layout); the path of a backward
+    """Same contract as ula.core.decay_grad.log_decay_grad (layout from chunk_bounds); the path of a backward
     that is not fused (a right decay): db is formed here."""
     if torch.float64 in (a.dtype, da.dtype, x.dtype, dx.dtype):
         from ..decay_grad import log_decay_grad
