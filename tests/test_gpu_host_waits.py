@@ -51,3 +51,28 @@ def test_warm_call_does_not_wait(op, packed):
         _call(op, cu).float().sum().backward()
     finally:
         torch.cuda.set_sync_debug_mode(0)
+
+
+@pytest.mark.parametrize("packed", [False, True], ids=["rows", "packed"])
+@pytest.mark.parametrize("mixer", ["gla", "gsa", "mlstm_exp", "mlstm_sig", "linear", "retnet", "mamba2", "hgrn2",
+                                   "normalized", "softmax"])
+def test_warm_lm_training_step_does_not_wait(mixer, packed):
+    """A small language model's forward, loss and backward with each mixer: the layers around the ops (projections,
+    gates, norms, the softmax baseline's packed attention) wait for the GPU nowhere either."""
+    from ula.models import CausalLM, LMConfig
+    torch.manual_seed(0)
+    model = CausalLM(LMConfig(vocab_size=64, d_model=64, n_layers=2, n_heads=2, mixer=mixer)).to(DEVICE)
+    ids = torch.randint(0, 64, (1, 200), device=DEVICE)
+    cu = torch.tensor([0, 77, 200], device=DEVICE, dtype=torch.int32) if packed else None
+
+    def step():
+        logits, _ = model(ids, cu_seqlens=cu)
+        F.cross_entropy(logits[0, :-1].float(), ids[0, 1:]).backward()
+
+    step()  # the first call: compiles, reads cu_seqlens once
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        step()
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
