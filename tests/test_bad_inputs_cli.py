@@ -315,3 +315,11 @@ def test_command_line_shows_one_line_and_no_traceback(tmp_path):
         assert p.returncode == 2 and len(lines) == 1 and "Traceback" not in err, (c, err)
         assert lines[0].startswith(f"ula {c[0]}: error: "), (c, err)
     assert sorted(os.listdir(tmp_path)) == ["empty"]
+
+
+def test_bench_graph_needs_a_gpu(tmp_path, capsys):
+    """--graph times CUDA-graph replays: on a CPU run it is refused by name before any timing, and no folder is left."""
+    out = tmp_path / "b"
+    fails(capsys, ["bench", "--seq-lens", "16", "--kinds", "none", "--no-peers", "--device", "cpu", "--graph",
+                   "--out", out] + THREADS, "--graph", "needs a CUDA GPU", "leave --graph out")
+    assert not out.exists()

@@ -122,3 +122,15 @@ def test_schedules():
 def test_no_command_prints_help(capsys):
     assert main([]) == 2
     assert "demo" in capsys.readouterr().out
+
+
+def test_bench_table_with_graph_columns():
+    from ula.bench.runner import format_table
+    row = dict(kernel="ula_none", kind="none", T=1024, fwd_ms=0.5, fwdbwd_ms=1.5, peak_mib=10.0)
+    res = dict(meta=dict(graph=True), rows=[dict(row, fwd_graph_ms=0.125, fwdbwd_graph_ms=0.375),
+                                             dict(row, kernel="peer", graph_error="RuntimeError('capture')")])
+    lines = format_table(res).splitlines()
+    assert "graph f+b" in lines[0]
+    assert lines[1].split()[-2:] == ["0.125", "0.375"]
+    assert "no graph: RuntimeError('capture')" in lines[2]
+    assert "graph" not in format_table(dict(meta={}, rows=[row])).splitlines()[0]

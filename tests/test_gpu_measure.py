@@ -26,3 +26,18 @@ def test_measure_leaves_callers_gradients():
     measure(fn, [q, k, v, f])
     for x, y in zip(held, kept):
         assert torch.equal(x, y)
+
+
+def test_bench_graph_columns(tmp_path):
+    """`ula bench --graph`: every row gains the medians of CUDA-graph replays (SDPA's too), and time_graph.png."""
+    from ula.bench.runner import run_bench
+    res = run_bench(str(tmp_path), kinds=("none", "vector"), seq_lens=[256], batch=1, heads=2, head_dim=64,
+                    peers=True, device="cuda", graph=True)
+    assert res["meta"]["graph"] is True
+    ours = [r for r in res["rows"] if r["kernel"].startswith("ula_")]
+    assert len(ours) == 2 and any(r["kernel"] == "sdpa_causal" for r in res["rows"])
+    for r in res["rows"]:
+        if "error" not in r and "graph_error" not in r:
+            assert 0 < r["fwd_graph_ms"] < r["fwdbwd_graph_ms"], r
+    assert all("fwd_graph_ms" in r for r in ours)
+    assert (tmp_path / "time_graph.png").exists()

@@ -196,7 +196,7 @@ def cmd_bench(args):
     out = _out(args, "bench")
     lens = [int(t) for t in _items(args.seq_lens)] if args.seq_lens else None
     run_bench(out, kinds=_items(args.kinds), seq_lens=lens, batch=args.batch, heads=args.heads,
-              head_dim=args.head_dim, peers=not args.no_peers, device=args.device, reps=args.reps)
+              head_dim=args.head_dim, peers=not args.no_peers, device=args.device, reps=args.reps, graph=args.graph)
     return 0
 
 
@@ -297,6 +297,8 @@ def build_parser():
     b.add_argument("--head-dim", type=int, default=None)
     b.add_argument("--reps", type=int, default=None, help="timed repetitions (CPU)")
     b.add_argument("--no-peers", action="store_true", help="time ours only")
+    b.add_argument("--graph", action="store_true", help="also time CUDA-graph replays: the GPU's time without the "
+                   "host's launches, which bound short calls timed eagerly (GPU only)")
     b.add_argument("--threads", type=int, help="CPU threads")
     b.add_argument("--device", default="auto")
     b.add_argument("--out", help="output folder (default runs/bench-<timestamp>)")

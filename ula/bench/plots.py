@@ -1,5 +1,5 @@
-"""PNG plots of `ula bench`: time (forward, forward+backward) and peak memory against T, log axes,
-one panel per decay kind; ours solid, peers dashed."""
+"""PNG plots of `ula bench`: time (forward, forward+backward; with --graph also forward+backward in CUDA-graph
+replays) and peak memory against T, log axes, one panel per decay kind; ours solid, peers dashed."""
 import os
 
 import matplotlib
@@ -39,3 +39,4 @@ def plot_bench(res, out_dir):
     _panels(res, "fwdbwd_ms", "forward+backward ms", os.path.join(out_dir, "time.png"))
     _panels(res, "fwd_ms", "forward ms", os.path.join(out_dir, "time_fwd.png"))
     _panels(res, "peak_mib", "peak MiB (fwd+bwd)", os.path.join(out_dir, "memory.png"))
+    _panels(res, "fwdbwd_graph_ms", "forward+backward ms, CUDA-graph replays", os.path.join(out_dir, "time_graph.png"))

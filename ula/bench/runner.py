@@ -12,16 +12,22 @@ import ula
 
 from ..train.errors import ConfigError
 from ..train.files import atomic_files, atomic_path, check_out_dir
-from .measure import measure_on, ours
+from .measure import graph_times, measure_on, ours
 from .peers import GPU_ONLY, PEERS, installed
 
 KINDS = ("none", "constant", "scalar", "vector")
 
 
-def _row(kernel, kind, T, shape, fn_args, device, reps):
+def _row(kernel, kind, T, shape, fn_args, device, reps, graph):
     fn, args = fn_args
     f, fb, mem = measure_on(device, fn, args, reps)
-    return dict(kernel=kernel, kind=kind, T=T, shape=shape, fwd_ms=f, fwdbwd_ms=fb, peak_mib=mem)
+    row = dict(kernel=kernel, kind=kind, T=T, shape=shape, fwd_ms=f, fwdbwd_ms=fb, peak_mib=mem)
+    if graph:  # the GPU's time alone: short calls are bound by the host's launches when timed eagerly
+        try:
+            row["fwd_graph_ms"], row["fwdbwd_graph_ms"] = graph_times(fn, args)
+        except Exception as e:  # a kernel that waits for the host cannot be captured: its eager times stand
+            row["graph_error"] = repr(e)[:300]
+    return row
 
 
 def check_args(kinds, seq_lens, batch, heads, head_dim, reps):
@@ -38,14 +44,18 @@ def check_args(kinds, seq_lens, batch, heads, head_dim, reps):
 
 
 def run_bench(out_dir, kinds=KINDS, seq_lens=None, batch=None, heads=None, head_dim=None, peers=True,
-              device="auto", reps=None):
+              device="auto", reps=None, graph=False):
     """Times every case and writes results.json and the PNG plots into out_dir, each whole or not at all
-    (a former one is left as it was); the arguments and out_dir are checked before any timing."""
+    (a former one is left as it was); the arguments and out_dir are checked before any timing. graph: also the
+    medians of CUDA-graph replays (GPU only), the GPU's time without the host's."""
     from ..train.loop import pick_device
     check_args(kinds, seq_lens, batch, heads, head_dim, reps)
     check_out_dir(out_dir)
     dev = pick_device(device)
     gpu = dev.type == "cuda"
+    if graph and not gpu:
+        raise ConfigError(f"graph (--graph) times CUDA-graph replays and needs a CUDA GPU; this run is on {dev}: "
+                          "leave --graph out")
     if not gpu:
         print("note: no CUDA GPU in use, so the peers (GPU kernels: fla, mlstm-kernels, lightning-attn) are "
               "skipped; timing ours (PyTorch chunk path) and SDPA on the CPU, float32, no memory figures")
@@ -55,10 +65,11 @@ def run_bench(out_dir, kinds=KINDS, seq_lens=None, batch=None, heads=None, head_
     H = heads or (16 if gpu else 2)
     D = head_dim or (128 if gpu else 32)
     reps = reps or 3
-    meta = dict(device=torch.cuda.get_device_name(dev) if gpu else f"CPU ({platform.processor() or platform.machine()}, "
-                f"{torch.get_num_threads()} threads)", torch=torch.__version__, ula=ula.__version__,
+    cpu = platform.processor() or platform.machine()
+    meta = dict(device=torch.cuda.get_device_name(dev) if gpu else f"CPU ({cpu}, {torch.get_num_threads()} threads)",
+                torch=torch.__version__, ula=ula.__version__,
                 peers_installed=installed(), dtype=str(dt).replace("torch.", ""), B=B, H=H, K=D, V=D,
-                seq_lens=seq_lens, time=time.strftime("%Y-%m-%d %H:%M:%S"))
+                seq_lens=seq_lens, graph=bool(graph), time=time.strftime("%Y-%m-%d %H:%M:%S"))
     if gpu:
         try:
             import triton
@@ -81,7 +92,7 @@ def run_bench(out_dir, kinds=KINDS, seq_lens=None, batch=None, heads=None, head_
             if gpu:
                 torch.cuda.empty_cache()
             try:
-                rows.append(_row(name, kind, T, shape, make(), dev, reps))
+                rows.append(_row(name, kind, T, shape, make(), dev, reps, graph))
             except ImportError as e:
                 skipped[name] = f"not installed ({e})"
                 continue
@@ -98,16 +109,23 @@ def run_bench(out_dir, kinds=KINDS, seq_lens=None, batch=None, heads=None, head_
     print(format_table(res))
     if skipped:
         print("skipped: " + "; ".join(f"{k}: {v}" for k, v in skipped.items()))
-    print(f"wrote {out_dir}/results.json, time.png" + (", memory.png" if gpu else ""))
+    print(f"wrote {out_dir}/results.json, time.png" + (", time_graph.png" if graph else "")
+          + (", memory.png" if gpu else ""))
     return res
 
 
 def format_table(res):
-    lines = [f"{'kernel':<30}{'kind':<10}{'T':>7}{'fwd ms':>10}{'f+b ms':>10}{'peak MiB':>10}"]
+    graph = res["meta"].get("graph", False)
+    lines = [f"{'kernel':<30}{'kind':<10}{'T':>7}{'fwd ms':>10}{'f+b ms':>10}{'peak MiB':>10}"
+             + (f"{'graph fwd':>11}{'graph f+b':>11}" if graph else "")]
     for r in res["rows"]:
         if "error" in r:
             lines.append(f"{r['kernel']:<30}{r['kind']:<10}{r['T']:>7}  ERROR {r['error'][:60]}")
             continue
         mem = "" if r["peak_mib"] is None else f"{r['peak_mib']:.1f}"
-        lines.append(f"{r['kernel']:<30}{r['kind']:<10}{r['T']:>7}{r['fwd_ms']:>10.3f}{r['fwdbwd_ms']:>10.3f}{mem:>10}")
+        line = f"{r['kernel']:<30}{r['kind']:<10}{r['T']:>7}{r['fwd_ms']:>10.3f}{r['fwdbwd_ms']:>10.3f}{mem:>10}"
+        if graph:
+            line += (f"{r['fwd_graph_ms']:>11.3f}{r['fwdbwd_graph_ms']:>11.3f}" if "fwd_graph_ms" in r
+                     else "  no graph: " + r.get("graph_error", "?")[:50])
+        lines.append(line)
     return "\n".join(lines)
