@@ -109,6 +109,7 @@ def test_bench_cpu(tmp_path, capsys):
     assert (out / "time.png").exists()
     if not torch.cuda.is_available():
         assert "peers" in capsys.readouterr().out
+        assert res["meta"]["graph"] is False and not (out / "time_graph.png").exists()  # no graphs on a CPU
 
 
 def test_schedules():

@@ -29,10 +29,11 @@ def test_measure_leaves_callers_gradients():
 
 
 def test_bench_graph_columns(tmp_path):
-    """`ula bench --graph`: every row gains the medians of CUDA-graph replays (SDPA's too), and time_graph.png."""
+    """`ula bench` on a GPU (graphs by default): every row gains the medians of CUDA-graph replays (SDPA's too), and
+    time_graph.png."""
     from ula.bench.runner import run_bench
     res = run_bench(str(tmp_path), kinds=("none", "vector"), seq_lens=[256], batch=1, heads=2, head_dim=64,
-                    peers=True, device="cuda", graph=True)
+                    peers=True, device="cuda")
     assert res["meta"]["graph"] is True
     ours = [r for r in res["rows"] if r["kernel"].startswith("ula_")]
     assert len(ours) == 2 and any(r["kernel"] == "sdpa_causal" for r in res["rows"])

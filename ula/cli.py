@@ -297,8 +297,9 @@ def build_parser():
     b.add_argument("--head-dim", type=int, default=None)
     b.add_argument("--reps", type=int, default=None, help="timed repetitions (CPU)")
     b.add_argument("--no-peers", action="store_true", help="time ours only")
-    b.add_argument("--graph", action="store_true", help="also time CUDA-graph replays: the GPU's time without the "
-                   "host's launches, which bound short calls timed eagerly (GPU only)")
+    b.add_argument("--graph", action=argparse.BooleanOptionalAction, default=None,
+                   help="also time CUDA-graph replays: the GPU's time without the host's launches, which bound short "
+                   "calls timed eagerly (default: on a GPU; a CPU has no graphs)")
     b.add_argument("--threads", type=int, help="CPU threads")
     b.add_argument("--device", default="auto")
     b.add_argument("--out", help="output folder (default runs/bench-<timestamp>)")

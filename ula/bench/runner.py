@@ -44,15 +44,17 @@ def check_args(kinds, seq_lens, batch, heads, head_dim, reps):
 
 
 def run_bench(out_dir, kinds=KINDS, seq_lens=None, batch=None, heads=None, head_dim=None, peers=True,
-              device="auto", reps=None, graph=False):
+              device="auto", reps=None, graph=None):
     """Times every case and writes results.json and the PNG plots into out_dir, each whole or not at all
     (a former one is left as it was); the arguments and out_dir are checked before any timing. graph: also the
-    medians of CUDA-graph replays (GPU only), the GPU's time without the host's."""
+    medians of CUDA-graph replays, the GPU's time without the host's (None: on a GPU, not on a CPU)."""
     from ..train.loop import pick_device
     check_args(kinds, seq_lens, batch, heads, head_dim, reps)
     check_out_dir(out_dir)
     dev = pick_device(device)
     gpu = dev.type == "cuda"
+    if graph is None:
+        graph = gpu
     if graph and not gpu:
         raise ConfigError(f"graph (--graph) times CUDA-graph replays and needs a CUDA GPU; this run is on {dev}: "
                           "leave --graph out")
