@@ -9,6 +9,7 @@ pytest.importorskip("triton")
 
 import ula  # noqa: E402
 from helpers import compare_with_reference, fresh_seed, make_inputs  # noqa: E402
+from test_ops_refs import check  # noqa: E402
 from ula.core import cu_cache  # noqa: E402
 
 
@@ -23,11 +24,6 @@ def reads(monkeypatch):
         return real(cu)
     monkeypatch.setattr(cu_cache, "_read", counted)
     return seen
-
-
-def _check(errs, seed, tol=1e-4):
-    bad = {n: f"{e:.2e}" for n, e in errs.items() if not e <= tol}
-    assert not bad, (bad, seed)
 
 
 def test_one_read_for_every_op_and_pass(reads):
@@ -56,12 +52,12 @@ def test_changed_boundaries_are_read_again(reads, how):
     q, k, v, ld, _, h0 = make_inputs("scalar", False, 1, 50, 2, 16, 16, N=3)
     cu = torch.tensor([0, 7, 33, 50])
     op = lambda *a, **kw: ula.linear_attention(*a, chunk_size=16, backend="triton", **kw)  # noqa: E731
-    _check(compare_with_reference(op, (q, k, v, ld, None, h0), cu_seqlens=cu), seed)
+    check(compare_with_reference(op, (q, k, v, ld, None, h0), cu_seqlens=cu), seed)
     if how == "in_place":
         cu[1] = 20
     else:
         cu = torch.tensor([0, 20, 33, 50])
-    _check(compare_with_reference(op, (q, k, v, ld, None, h0), cu_seqlens=cu), seed)
+    check(compare_with_reference(op, (q, k, v, ld, None, h0), cu_seqlens=cu), seed)
     assert reads == [(0, 7, 33, 50), (0, 20, 33, 50)], reads
 
 

@@ -9,13 +9,9 @@ pytest.importorskip("triton")
 
 import ula  # noqa: E402
 from helpers import KINDS, compare_with_reference, fresh_seed, make_inputs, rel  # noqa: E402
+from test_ops_refs import check  # noqa: E402
 from ula.core import time_split  # noqa: E402
 from ula.core.reference import reference_linear_attention  # noqa: E402
-
-
-def _check(errs, seed, tol=1e-4):
-    bad = {k: f"{v:.2e}" for k, v in errs.items() if not v <= tol}
-    assert not bad, f"relative errors over {tol}: {bad} (seed {seed})"
 
 
 def _mild(ld):
@@ -46,7 +42,7 @@ def test_split_matches_reference(kind, h0, S, monkeypatch, counted):
     q, k, v, ld, _, s0 = make_inputs(kind, False, 2 if S == 2 else 1, 256, 2, 16, 32, h0=h0)
     ld = _mild(ld)
     op = lambda *a, **kw: ula.linear_attention(*a, chunk_size=32, backend="triton", **kw)  # noqa: E731
-    _check(compare_with_reference(op, (q, k, v, ld, None, s0)), seed)
+    check(compare_with_reference(op, (q, k, v, ld, None, s0)), seed)
     assert counted == [S]
 
 
@@ -72,7 +68,7 @@ def test_split_with_key_gate(kind, monkeypatch, counted):
     errs = {"o": rel(o, o_ref), "S": rel(S, S_ref)}
     for name, a, b in zip(["q", "k", "v", "ld", "key_gate", "h0"], ours, refs):
         errs["d" + name] = rel(a.grad, b.grad)
-    _check(errs, seed)
+    check(errs, seed)
     assert counted == [2]
 
 
@@ -93,7 +89,7 @@ def test_split_sum_loss_and_strided_inputs(monkeypatch, counted):
     (o_ref.sum() + S_ref.sum()).backward()
     errs = {"o": rel(o, o_ref), "S": rel(S, S_ref)}
     errs.update({"d" + n: rel(a.grad, b.grad) for n, a, b in zip(("q", "k", "v", "ld"), ours, refs)})
-    _check(errs, seed)
+    check(errs, seed)
     assert counted == [2]
 
 
@@ -108,7 +104,7 @@ def test_split_without_gradients(monkeypatch, counted):
                                    backend="triton")
         want = reference_linear_attention(q.double(), k.double(), v.double(), ld.double(), initial_state=h0.double(),
                                           output_final_state=True)
-    _check({"o": rel(got[0], want[0]), "S": rel(got[1], want[1])}, seed)
+    check({"o": rel(got[0], want[0]), "S": rel(got[1], want[1])}, seed)
     assert counted == [4]
 
 

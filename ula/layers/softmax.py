@@ -11,6 +11,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from ..ops._common import PackedLayout
 from ._base import Mixer, check_divisible, merge_heads, split_heads
 
 
@@ -49,10 +50,8 @@ class SoftmaxAttentionLayer(Mixer):
         if cu_seqlens is not None:
             if state is not None:
                 raise ValueError("SoftmaxAttentionLayer: a KV cache cannot be combined with cu_seqlens")
-            cu = cu_seqlens.to(device=x.device, dtype=torch.long)
-            seq = torch.repeat_interleave(torch.arange(cu.numel() - 1, device=x.device), cu[1:] - cu[:-1],
-                                          output_size=T)  # T given: no wait for the GPU to learn the size
-            pos = torch.arange(T, device=x.device) - cu[:-1][seq]
+            packed = PackedLayout(cu_seqlens, T, x.device)  # each token's sequence and position in it
+            seq, pos = packed.seq, packed.pos
             idx = torch.arange(T, device=x.device)
             mask = (seq[:, None] == seq[None, :]) & (idx[:, None] >= idx[None, :])
         else:
