@@ -93,7 +93,7 @@ def main():
     print(res["device"], res["torch"], res["triton"], flush=True)
     for shape in a.shapes.split(";"):
         cu = None
-        if "+" in shape:  # packed sequences "L1+L2+...,H" (B = 1): eager medians (the layout reads cu on the host)
+        if "+" in shape:  # packed sequences "L1+L2+...,H" (B = 1): eager medians, as a training loop runs them
             lens, H, cu = packed_shape(shape)
             B, T = 1, sum(lens)
         else:

@@ -11,7 +11,6 @@ Writes DIR/time_split.json (default $OUT or /tmp) with the device line and libra
 import argparse
 import json
 import os
-import subprocess
 import sys
 
 import torch
@@ -21,6 +20,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 import ula  # noqa: E402
 from ula.bench.measure import graph_times, ours  # noqa: E402
 from ula.core import time_split  # noqa: E402
+from record import smi_line  # noqa: E402
 
 
 def peak_mib(fn, args):
@@ -58,9 +58,7 @@ def main():
     ap.add_argument("--out", default=os.environ.get("OUT", "/tmp"))
     a = ap.parse_args()
     dev = torch.cuda.get_device_name()
-    smi = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"],
-                         capture_output=True, text=True).stdout.strip()
-    meta = dict(device=dev, nvidia_smi=smi, sms=torch.cuda.get_device_properties(0).multi_processor_count,
+    meta = dict(device=dev, nvidia_smi=smi_line(), sms=torch.cuda.get_device_properties(0).multi_processor_count,
                 torch=torch.__version__, triton=triton.__version__, ula=getattr(ula, "__version__", "?"),
                 command=" ".join([os.path.basename(sys.executable)] + sys.argv))
     print(json.dumps(meta), flush=True)

@@ -9,8 +9,12 @@ import triton
 import ula
 
 
+def smi_line():
+    """nvidia-smi's name and driver of the GPU(s), one line each."""
+    return subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"],
+                          capture_output=True, text=True).stdout.strip()
+
+
 def header():
-    smi = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"],
-                         capture_output=True, text=True).stdout.strip()
-    return dict(device=smi, torch=torch.__version__, triton=triton.__version__, ula=ula.__version__,
+    return dict(device=smi_line(), torch=torch.__version__, triton=triton.__version__, ula=ula.__version__,
                 command=" ".join(sys.argv), results=[])
