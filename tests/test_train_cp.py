@@ -1,6 +1,7 @@
 """`ula train --context-parallel N` (ula/train/context_parallel.py) on CPU: two gloo processes sharing each
-sequence (an odd --seq-len, split 17 / 16) take one training step with the same loss, validation loss and
-updated parameters (<= 1e-5 relative) as one process on the whole sequence; mixers that cannot are refused."""
+sequence (an odd --seq-len, split 17 / 16) take one training step with the same loss, validation loss and gradients
+(<= 1e-5 relative) as one process on the whole sequence, and update the same parameters by AdamW's step from those
+gradients; mixers that cannot are refused."""
 import json
 import os
 import socket
@@ -10,10 +11,12 @@ import torch
 import torch.multiprocessing as mp
 from safetensors.torch import load_file
 
-from helpers import fresh_seed, rel
+from helpers import fresh_seed
 from interpreter_speed import patch_language_once_per_launch
 from ula.train import train
+from ula.train.checkpoint import load_model
 from ula.train.context_parallel import cp_mixers, slice_bounds
+from ula.train.loop import param_groups
 
 MIXERS = ("gla", "mlstm_exp", "mlstm_sig")
 TOL = 1e-5
@@ -41,18 +44,24 @@ def _worker(rank, world, mixers, ports, seed, root):
 
 
 def _result(out):
-    """(training loss, validation loss, parameters, AdamW's first moments) after the step. After one step the first
-    moment is (1 - β1) times the (clipped) gradient, so the gradients are compared through it, tensor by tensor.
-    The parameters are compared over the whole model: AdamW's first update, lr · g / (|g| + eps), magnifies the
-    rounding of a gradient element near eps = 1e-8 up to lr / eps = 1e5 times, which in a zero-initialised bias
-    (whose norm after one step is ~lr) can alone reach 1e-5 of that tensor, whichever way the gradient is summed."""
+    """(training loss, validation loss, parameters, AdamW's first moments, AdamW's first step) after the step, the
+    last three as lists in the optimizer's order. After one step the first moment m is (1 - β1) times the (clipped)
+    gradient g and the second v is (1 - β2) g², so the step AdamW took (besides weight decay, which is the same in
+    both runs) is lr · m̂ / (√v̂ + eps), with the bias corrections of step 1."""
     with open(os.path.join(out, "metrics.json")) as f:
         m = json.load(f)
     ck = os.path.join(out, "checkpoints", "step-000001")
+    model, _ = load_model(ck)
+    name = {id(p): n for n, p in model.named_parameters()}
+    order = [name[id(p)] for g in param_groups(model, 0.0) for p in g["params"]]
     params = load_file(os.path.join(ck, "model.safetensors"))
-    opt = torch.load(os.path.join(ck, "trainer.pt"), weights_only=False)["optimizer"]["state"]
-    moments = [opt[i]["exp_avg"] for i in sorted(opt)]
-    return m["history"]["train"][0][1], m["final_val_loss"], params, moments
+    opt = torch.load(os.path.join(ck, "trainer.pt"), weights_only=False)["optimizer"]
+    (b1, b2), eps, lr = (opt["param_groups"][0][k] for k in ("betas", "eps", "lr"))
+    state = [opt["state"][i] for i in range(len(order))]
+    steps = [lr * (s["exp_avg"].double() / (1 - b1)) / ((s["exp_avg_sq"].double() / (1 - b2)).sqrt() + eps)
+             for s in state]
+    return (m["history"]["train"][0][1], m["final_val_loss"], [params[n] for n in order],
+            [s["exp_avg"] for s in state], steps)
 
 
 def test_one_step_with_context_parallel_2_equals_one_process(tmp_path, monkeypatch):
@@ -63,16 +72,20 @@ def test_one_step_with_context_parallel_2_equals_one_process(tmp_path, monkeypat
     errs = {}
     for mixer in MIXERS:
         train(_given(mixer, seed), out_dir=str(tmp_path / f"one-{mixer}"), device="cpu", quiet=True)
-        loss1, val1, p1, m1 = _result(str(tmp_path / f"one-{mixer}"))
-        loss2, val2, p2, m2 = _result(str(tmp_path / f"cp-{mixer}"))
-        assert sorted(p1) == sorted(p2) and len(m1) == len(m2) == len(p1)
+        loss1, val1, p1, m1, s1 = _result(str(tmp_path / f"one-{mixer}"))
+        loss2, val2, p2, m2, s2 = _result(str(tmp_path / f"cp-{mixer}"))
+        assert len(p1) == len(p2) == len(m1) == len(m2)
         assert all(m.abs().max() > 0 for m in m1), "a parameter without gradient"
         # tensor by tensor, relative to the tensor's gradient, but to no less than 1e-3 of the largest one: a gate
         # projection's gradient can be 1e-5 of the others, a sum of decay-gradient terms that cancel (seed
         # 610823019: 1.4e-5 relative on a tensor of norm 6e-7 next to 2.7e-2, 1.7e-6 over the whole model)
         top = max(a.double().norm().item() for a in m1)
         e = {"loss": abs(loss2 - loss1) / abs(loss1), "val_loss": abs(val2 - val1) / abs(val1),
-             "parameters": rel(torch.cat([p2[n].flatten() for n in p1]), torch.cat([p1[n].flatten() for n in p1])),
+             # both runs start from the same parameters and take AdamW's step from their own moments, so the
+             # parameters differ by the steps' difference (which can reach lr where a gradient element is near eps,
+             # however close the moments, compared next): what is left is the parameters' float32 rounding
+             "parameters": torch.cat([((b - a).double() + (y - x)).flatten() for a, b, x, y in zip(p1, p2, s1, s2)])
+             .norm().item() / torch.cat([a.double().flatten() for a in p1]).norm().item(),
              "gradients": max((b - a).double().norm().item() / max(a.double().norm().item(), 1e-3 * top)
                               for a, b in zip(m1, m2))}
         errs[mixer] = {k: f"{v:.1e}" for k, v in e.items()}
