@@ -11,6 +11,7 @@ import ula  # noqa: E402
 from helpers import compare_with_reference, fresh_seed, make_inputs  # noqa: E402
 from test_ops_refs import check  # noqa: E402
 from ula.core import cu_cache  # noqa: E402
+from ula.ops._common import PackedLayout  # noqa: E402
 
 
 @pytest.fixture
@@ -72,10 +73,32 @@ def test_inference_tensor_is_read_each_call(reads):
     assert len(reads) >= 2 and set(reads) == {(0, 11, 30)}, reads
 
 
+def test_families_build_one_packed_layout(monkeypatch):
+    """mLSTMexp, normalized attention and ABC (GSA without g) in PyTorch, forward and backward, on one cu_seqlens: the
+    families' per-token map (PackedLayout) is built once, and again for a new tensor."""
+    built = []
+    real = PackedLayout.__init__
+
+    def counted(self, cu, T, device):
+        built.append(cu is not None)
+        real(self, cu, T, device)
+    monkeypatch.setattr(PackedLayout, "__init__", counted)
+    B, T, H, K = 1, 41, 2, 16
+    q, k, v = (torch.randn(B, T, H, K, requires_grad=True) for _ in range(3))
+    f = torch.randn(B, T, H)
+    for cu in (torch.tensor([0, 9, 30, 41]), torch.tensor([0, 9, 30, 41])):
+        outs = [ula.mlstm(q, k, v, f, f + 2, cu_seqlens=cu, backend="torch")[0],
+                ula.normalized_linear_attention(q, k, v, cu_seqlens=cu, backend="torch")[0],
+                ula.gsa(q, k, v, torch.randn(B, T, H, 8), None, cu_seqlens=cu, backend="torch")[0]]
+        sum(o.sum() for o in outs).backward()
+    assert built.count(True) == 2, built
+
+
 def test_entries_go_with_their_tensor():
-    """The cache holds no reference to a cu_seqlens tensor: its entry leaves with it."""
+    """The cache holds no reference to a cu_seqlens tensor, nor do the layouts it keeps: its entry leaves with it."""
     cu = torch.tensor([0, 5, 12])
     assert cu_cache.host_values(cu) == (0, 5, 12)
+    assert PackedLayout.of(cu, 12, cu.device) is PackedLayout.of(cu, 12, cu.device)
     key = id(cu)
     assert key in cu_cache._ENTRIES
     del cu

@@ -5,7 +5,7 @@ import contextlib
 import torch
 
 from ..core.backends import runs_triton
-from ..core.cu_cache import host_values
+from ..core.cu_cache import cached, host_values
 from ._checks import check_float, check_step_qkv, check_step_state
 
 
@@ -91,11 +91,18 @@ def decay_dtype(q):
 class PackedLayout:
     """Maps per-token tensors between the core's layout [B, T, H, ...] (B == 1 packed with cu_seqlens)
     and a padded one [N, L, H, ...] with one row per sequence, so per-sequence scans (cumsum, cummax,
-    logcumsumexp) are plain ops along dim 1. Without cu_seqlens both layouts are the same."""
+    logcumsumexp) are plain ops along dim 1. Without cu_seqlens both layouts are the same.
+    Build it with `PackedLayout.of`, which makes it once per cu_seqlens tensor (ula/core/cu_cache.py)."""
+
+    @classmethod
+    def of(cls, cu_seqlens, T, device):
+        if cu_seqlens is None:
+            return cls(None, T, device)
+        return cached(cu_seqlens, ("packed_layout", T, str(device)), lambda: cls(cu_seqlens, T, device))
 
     def __init__(self, cu_seqlens, T, device):
-        self.cu = cu_seqlens
-        if cu_seqlens is None:
+        self.packed = cu_seqlens is not None  # no reference to cu_seqlens: the cache's values must not hold it
+        if not self.packed:
             return
         cu = cu_seqlens.to(device=device, dtype=torch.long)
         lens = cu[1:] - cu[:-1]
@@ -106,16 +113,16 @@ class PackedLayout:
         self.lens = lens
 
     def pad(self, x, fill=0.0):
-        if self.cu is None:
+        if not self.packed:
             return x
         out = x.new_full((self.N, self.L) + tuple(x.shape[2:]), fill)
         return out.index_put((self.seq, self.pos), x[0])
 
     def unpad(self, x):
-        return x if self.cu is None else x[self.seq, self.pos].unsqueeze(0)
+        return x if not self.packed else x[self.seq, self.pos].unsqueeze(0)
 
     def last_of(self, x):
         """Value at the last step of each sequence, [N, ...], from the padded layout."""
-        if self.cu is None:
+        if not self.packed:
             return x[:, -1]
         return x[torch.arange(self.N, device=x.device), self.lens - 1]

@@ -189,7 +189,7 @@ def abc(q, k, v, w, *, scale=None, initial_state=None, output_final_state=False,
     h1 = h2 = z0 = None
     if initial_state is not None:
         h1, h2, z0 = initial_state
-    phi, zT = _cumulative_softmax(w, z0, PackedLayout(cu_seqlens, q.shape[1], q.device))
+    phi, zT = _cumulative_softmax(w, z0, PackedLayout.of(cu_seqlens, q.shape[1], q.device))
     o, S = gsa(q, k, v, phi, None, scale=scale, initial_state=None if h1 is None else (h1, h2),
                output_final_state=output_final_state, cu_seqlens=cu_seqlens, chunk_size=chunk_size,
                backend=backend)

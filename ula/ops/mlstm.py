@@ -170,7 +170,7 @@ def mlstm(q, k, v, i, f, variant="exp", *, eps=1e-6, scale=None, initial_state=N
         from ._mlstm_gate_kernels import mlstm_exp_gates
         ldp, logw, m, mT = mlstm_exp_gates(i, f, m0, cu_seqlens, decay_dtype(q))
     else:
-        ldp, logw, m, mT = _exp_gates(i, f, m0, PackedLayout(cu_seqlens, q.shape[1], q.device))
+        ldp, logw, m, mT = _exp_gates(i, f, m0, PackedLayout.of(cu_seqlens, q.shape[1], q.device))
     return _exp_run(q, k, v, ldp, logw, m, mT, initial_state, eps, kw)
 
 
@@ -254,7 +254,7 @@ def _mlstm_exp_cp(q, k, v, i, f, eps, initial_state, group, kw):
     Np, Bs = len(me["pieces"]), (1 if c is not None else B)
 
     # this rank's pieces: (F_total, P, m_0 where the piece starts its sequence), gathered from every rank
-    layout = PackedLayout(cp.local_offsets(me, cu_seqlens), T, q.device)
+    layout = PackedLayout.of(cp.local_offsets(me, cu_seqlens), T, q.device)
     scan = _exp_scan(i, f, layout)
     m0 = initial_state[2].double() if initial_state is not None else None
     zero = torch.zeros(Bs, H, dtype=torch.float64, device=q.device)

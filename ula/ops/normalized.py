@@ -105,7 +105,7 @@ def _epilogue_torch(o, den, v, a, z0, c0, eps, cu_seqlens, final):
     out = (o + a Z) / clamp_sign(den + a C, eps) in v's dtype, and (Z, C) at each sequence's last step when
     `final`. a: a float or a tensor broadcastable to [H, 1]; z0 [N, H, V], c0 [N, H] or None."""
     dd = torch.float64 if torch.float64 in (o.dtype, v.dtype) else torch.float32
-    lay = PackedLayout(cu_seqlens, v.shape[1], v.device)
+    lay = PackedLayout.of(cu_seqlens, v.shape[1], v.device)
     a_part = not (isinstance(a, float) and a == 0.0)  # a = 0: the sums only for the final state
     if a_part or final:
         zv = scan_time(lay.pad(v.to(dd)), lambda y: y.cumsum(-1))  # [N, L, H, V]
