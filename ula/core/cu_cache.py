@@ -8,8 +8,11 @@ that tensor is alive and unmodified (its version counter: any in-place write to 
 counter (through `.data`, or through a NumPy view of a CPU tensor) are not seen: pass a new tensor instead. Tensors
 made under torch.inference_mode() have no version counter and are read every time. A packed call captured in a CUDA
 graph (possible once its cu_seqlens was read before the capture) keeps the layout of the capture in every replay, as
-a graph keeps every size: capture again for other boundaries."""
+a graph keeps every size: capture again for other boundaries. A layout first built during a capture is not kept:
+its tensors hold values only once the graph is replayed, so a call after the capture builds its own."""
 import weakref
+
+import torch
 
 _ENTRIES = {}  # id(tensor) -> (weak reference, version, {key: value})
 
@@ -21,11 +24,16 @@ def _version(cu):
         return None
 
 
-def cached(cu, key, build):
+def _capturing():
+    return torch.cuda.is_initialized() and torch.cuda.is_current_stream_capturing()
+
+
+def cached(cu, key, build, on_device=True):
     """build(), computed once per (cu_seqlens tensor, key) while the tensor lives unmodified. The value must not hold
-    a reference to cu itself (the entry would keep the tensor alive)."""
+    a reference to cu itself (the entry would keep the tensor alive). on_device: the value holds tensors that kernels
+    fill, not kept when built during a CUDA graph capture (they are filled only by the graph's replays)."""
     version = _version(cu)
-    if version is None:
+    if version is None or (on_device and _capturing()):
         return build()
     entry = _ENTRIES.get(id(cu))
     if entry is None or entry[0]() is not cu or entry[1] != version:
@@ -43,4 +51,4 @@ def _read(cu):
 
 def host_values(cu):
     """cu_seqlens' values as a tuple of ints, read from the device once per tensor."""
-    return cached(cu, "host", lambda: _read(cu))
+    return cached(cu, "host", lambda: _read(cu), on_device=False)

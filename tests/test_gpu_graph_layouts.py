@@ -1,0 +1,76 @@
+"""On a GPU (ULA_TEST_GPU=1): a packed call captured in a CUDA graph before any eager call of its layouts does not
+leave them cached for later calls (ula/core/cu_cache.py). Inside a capture, kernels are recorded, not run, so a
+layout built there holds its values only after a replay; an eager call right after the capture must build its own.
+Each test compares such a call with the same call on another cu_seqlens tensor of the same values."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+from helpers import DEVICE
+import ula
+from ula.core import cu_cache
+
+pytestmark = pytest.mark.skipif(DEVICE != "cuda", reason="CUDA graphs need CUDA (ULA_TEST_GPU=1)")
+
+T, H, K = 300, 2, 32
+BOUNDS = [0, 77, 200, T]
+
+
+def _inputs():
+    g = torch.Generator(device=DEVICE).manual_seed(0)
+    q, k, v = (torch.randn(1, T, H, K, device=DEVICE, generator=g).bfloat16().requires_grad_() for _ in range(3))
+    ld = F.logsigmoid(torch.randn(1, T, H, device=DEVICE, generator=g) + 3).requires_grad_()
+    return q, k, v, ld
+
+
+def _cu():
+    return torch.tensor(BOUNDS, device=DEVICE, dtype=torch.int32)
+
+
+def _captured_then_eager(step):
+    """step(cu) -> tensors: run on a fresh cu_seqlens inside a capture (its values read before, as a capture
+    cannot read the device), then eagerly; returns (eager after the capture, captured after a replay, reference)."""
+    warm = _cu()
+    side = torch.cuda.Stream()  # warmed up on a side stream, as a capture wants (autograd's streams included)
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        reference = [t.clone() for t in step(warm)]  # compiles every kernel, builds warm's own layouts
+    torch.cuda.current_stream().wait_stream(side)
+    cu = _cu()
+    cu_cache.host_values(cu)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = step(cu)
+    eager = [t.clone() for t in step(cu)]  # before any replay
+    graph.replay()
+    torch.cuda.synchronize()
+    return eager, captured, reference
+
+
+@pytest.mark.parametrize("chunk_size", [32, 64])
+def test_core_layouts_first_built_in_a_capture(chunk_size):
+    """The kernels' chunk layout (forward) and the decay gradient's bounds (backward) of a scalar-decayed call."""
+    q, k, v, ld = _inputs()
+
+    def step(cu):
+        o, _ = ula.linear_attention(q, k, v, ld, cu_seqlens=cu, chunk_size=chunk_size)
+        return [o, *torch.autograd.grad(o.float().sum(), (q, k, v, ld))]
+    eager, captured, reference = _captured_then_eager(step)
+    for name, e, c, r in zip(("o", "dq", "dk", "dv", "dld"), eager, captured, reference):
+        assert torch.equal(e, r), f"{name}: eager call after the capture differs by {(e - r).abs().max().item()}"
+        assert torch.equal(c, r), f"{name}: the replay differs by {(c - r).abs().max().item()}"
+
+
+def test_families_packed_layout_first_built_in_a_capture():
+    """The families' per-token map (PackedLayout) of ABC's cumulative softmax over slots, forward and backward."""
+    q, k, v, _ = _inputs()
+    w = torch.randn(1, T, H, 8, device=DEVICE).requires_grad_()
+
+    def step(cu):
+        o, _ = ula.gsa(q, k, v, w, None, cu_seqlens=cu)
+        return [o, *torch.autograd.grad(o.float().sum(), (q, k, v, w))]
+    eager, captured, reference = _captured_then_eager(step)
+    for name, e, c, r in zip(("o", "dq", "dk", "dv", "dw"), eager, captured, reference):
+        assert torch.equal(e, r), f"{name}: eager call after the capture differs by {(e - r).abs().max().item()}"
+        assert torch.equal(c, r), f"{name}: the replay differs by {(c - r).abs().max().item()}"
