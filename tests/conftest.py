@@ -11,7 +11,8 @@ import sys
 # session 31: 334 passed (benchmarks/results/gpu_compiled_tests_h200_session31.txt); in session 32, with
 # test_gpu_host_waits.py, 351 passed and 2 failed (retention's host-made decays, since fixed: the two files of
 # benchmarks/results/gpu_host_waits_measure_h200_session32.log then passed; with the language-model steps,
-# test_gpu_host_waits.py 36 passed: gpu_host_waits_lm_h200_session32.txt).
+# test_gpu_host_waits.py 36 passed: gpu_host_waits_lm_h200_session32.txt). Session 33, on an H100 with
+# test_gpu_graph_layouts.py: 378 passed (benchmarks/results/gpu_graph_layouts_session33.txt).
 GPU_FILES = {"test_triton.py", "test_extreme.py", "test_state_precision.py", "test_determinism.py",
              "test_audit_fixes_ops.py", "test_decode_static.py", "test_gpu_host_waits.py",
              "test_gpu_measure.py", "test_gpu_graph_layouts.py"}

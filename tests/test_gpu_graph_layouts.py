@@ -74,3 +74,20 @@ def test_families_packed_layout_first_built_in_a_capture():
     for name, e, c, r in zip(("o", "dq", "dk", "dv", "dw"), eager, captured, reference):
         assert torch.equal(e, r), f"{name}: eager call after the capture differs by {(e - r).abs().max().item()}"
         assert torch.equal(c, r), f"{name}: the replay differs by {(c - r).abs().max().item()}"
+
+
+def test_first_read_inside_a_capture_is_a_clear_error():
+    """A cu_seqlens whose values were never read before a capture: an error that says what to do, not the CUDA
+    error of a wait inside a capture; the same tensor works once called eagerly."""
+    q, k, v, _ = _inputs()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        reference, _ = ula.linear_attention(q, k, v, cu_seqlens=_cu())
+    torch.cuda.current_stream().wait_stream(side)
+    cu = _cu()
+    with pytest.raises(RuntimeError, match="call the op once eagerly with this cu_seqlens tensor before capturing"):
+        with torch.cuda.graph(torch.cuda.CUDAGraph()):
+            ula.linear_attention(q, k, v, cu_seqlens=cu)
+    o, _ = ula.linear_attention(q, k, v, cu_seqlens=cu)
+    assert torch.equal(o, reference)

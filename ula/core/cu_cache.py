@@ -51,4 +51,10 @@ def _read(cu):
 
 def host_values(cu):
     """cu_seqlens' values as a tuple of ints, read from the device once per tensor."""
-    return cached(cu, "host", lambda: _read(cu), on_device=False)
+    def read():
+        if cu.device.type == "cuda" and _capturing():  # reading would wait for the GPU, which a capture forbids
+            raise RuntimeError("cu_seqlens: its values are read on the host once per tensor, which cannot happen "
+                               "during a CUDA graph capture; call the op once eagerly with this cu_seqlens tensor "
+                               "before capturing (its values are kept for the capture)")
+        return _read(cu)
+    return cached(cu, "host", read, on_device=False)
