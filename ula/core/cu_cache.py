@@ -12,7 +12,7 @@ a graph keeps every size: capture again for other boundaries. A layout first bui
 its tensors hold values only once the graph is replayed, so a call after the capture builds its own."""
 import weakref
 
-import torch
+from . import capture
 
 _ENTRIES = {}  # id(tensor) -> (weak reference, version, {key: value})
 
@@ -24,16 +24,12 @@ def _version(cu):
         return None
 
 
-def _capturing():
-    return torch.cuda.is_initialized() and torch.cuda.is_current_stream_capturing()
-
-
 def cached(cu, key, build, on_device=True):
     """build(), computed once per (cu_seqlens tensor, key) while the tensor lives unmodified. The value must not hold
     a reference to cu itself (the entry would keep the tensor alive). on_device: the value holds tensors that kernels
     fill, not kept when built during a CUDA graph capture (they are filled only by the graph's replays)."""
     version = _version(cu)
-    if version is None or (on_device and _capturing()):
+    if version is None or (on_device and capture.capturing()):
         return build()
     entry = _ENTRIES.get(id(cu))
     if entry is None or entry[0]() is not cu or entry[1] != version:
@@ -52,7 +48,7 @@ def _read(cu):
 def host_values(cu):
     """cu_seqlens' values as a tuple of ints, read from the device once per tensor."""
     def read():
-        if cu.device.type == "cuda" and _capturing():  # reading would wait for the GPU, which a capture forbids
+        if cu.device.type == "cuda" and capture.capturing():  # reading would wait for the GPU, which a capture forbids
             raise RuntimeError("cu_seqlens: its values are read on the host once per tensor, which cannot happen "
                                "during a CUDA graph capture; call the op once eagerly with this cu_seqlens tensor "
                                "before capturing (its values are kept for the capture)")

@@ -9,6 +9,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from ..core import capture
 from ..ops import retention, retention_step, retnet_log_decay
 from ._base import Mixer, check_divisible, head_norm, merge_heads, split_heads, swish
 
@@ -40,7 +41,9 @@ class RetNetLayer(Mixer):
             return retnet_log_decay(self.n_heads, x.device)
         cached = getattr(self, "_ld_cache", None)
         if cached is None or cached.device != x.device:
-            cached = self._ld_cache = retnet_log_decay(self.n_heads, x.device)
+            cached = retnet_log_decay(self.n_heads, x.device)
+            if not capture.capturing():  # made in a capture, it would hold values only after a replay
+                self._ld_cache = cached
         return cached
 
     def _inputs(self, x):

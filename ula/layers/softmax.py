@@ -11,6 +11,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from ..core import capture
 from ..ops._common import PackedLayout
 from ._base import Mixer, check_divisible, merge_heads, split_heads
 
@@ -104,7 +105,8 @@ class SoftmaxAttentionLayer(Mixer):
         if cached is None or cached.device != device:
             D = self.d_model // self.n_heads
             cached = 1.0 / (self.rope_base ** (torch.arange(0, D, 2, device=device, dtype=torch.float32) / D))
-            self._rope_inv_cache = cached
+            if not capture.capturing():  # made in a capture, it would hold values only after a replay
+                self._rope_inv_cache = cached
         return cached
 
     def step_static(self, x, buffers, pos, bound=None):
