@@ -4,6 +4,7 @@ import pytest
 import torch
 
 import ula
+from ula.core import backends
 from helpers import KINDS, make_inputs, rel
 
 
@@ -33,3 +34,21 @@ def test_fullgraph_compile_matches_eager(kind):
 
 def test_op_is_registered():
     assert hasattr(torch.ops.ula, "linear_attention_fwd") and hasattr(torch.ops.ula, "linear_attention_bwd")
+
+
+def test_trace_of_the_triton_path_only_reads_the_triton_check(monkeypatch):
+    """Which path runs is decided by a check of the installed Triton (ula/core/backends.py), found at import: torch
+    2.11's Dynamo cannot trace it (`re`), so a trace of the Triton path must read its answer, not run it."""
+    real = backends._version
+
+    def untraceable(text):
+        if torch.compiler.is_compiling():
+            raise RuntimeError("the Triton check was traced")
+        return real(text)
+    monkeypatch.setattr(backends, "_version", untraceable)
+    q, k, v, ld, _, _ = make_inputs("scalar", False, 1, 40, 2, 16, 8)
+
+    def model(q, k, v, ld):
+        return ula.linear_attention(q, k, v, ld, backend="triton")[0]  # no chunk_size: the trace picks one
+    torch._dynamo.reset()
+    assert rel(torch.compile(model, fullgraph=True, backend="aot_eager")(q, k, v, ld), model(q, k, v, ld)) < 1e-6

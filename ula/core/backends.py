@@ -1,5 +1,4 @@
 """Which implementation of the chunk function F runs: Triton kernels on CUDA, the PyTorch path elsewhere."""
-import functools
 import os
 import re
 import warnings
@@ -20,9 +19,17 @@ def _version(text):
     return (int(m.group(1)), int(m.group(2))) if m else (0, 0)
 
 
-@functools.cache  # once per process: every call of an op asks
+_PROBLEM = []  # the answer, found once per process: every call of an op asks
+
+
 def triton_problem():
     """None where a Triton that ula's kernels support is installed; otherwise why not, in words."""
+    if not _PROBLEM:
+        _PROBLEM.append(_find_triton_problem())
+    return _PROBLEM[0]
+
+
+def _find_triton_problem():
     try:
         import triton
     except ImportError as e:
@@ -33,6 +40,9 @@ def triton_problem():
         return (f"Triton {found} is installed and ula's kernels need Triton >= {want} "
                 f"(pip install 'triton>={want}', or torch >= 2.8, which brings one)")
     return None
+
+
+triton_problem()  # now, so that a torch.compile trace only reads the answer (torch 2.11's Dynamo cannot trace `re`)
 
 
 # GPUs before Ampere (compute capability < 8.0: V100, T4, RTX 20xx): Triton compiles every kernel for them, but in
