@@ -1,4 +1,11 @@
-import torch, ula, traceback
+"""mLSTMexp forward+backward through torch.compile(fullgraph=True) with Inductor on the GPU: prints "ok" or the part
+of the error that names the failing compiler step (session 33: with the column-of-ones kernels as custom ops, the
+patch results/session33_ones_custom_op_trial.patch, Triton's make_ttgir failed on an Inductor kernel).
+Run: PYTHONPATH=. python3 benchmarks/gpu_inductor_mlstm_probe.py"""
+import torch
+
+import ula
+
 T, H, K = 256, 2, 32
 q, k, v = (torch.randn(1, T, H, K, device="cuda").bfloat16().requires_grad_() for _ in range(3))
 i, f = (torch.randn(1, T, H, device="cuda").requires_grad_() for _ in range(2))
