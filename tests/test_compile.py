@@ -52,3 +52,29 @@ def test_trace_of_the_triton_path_only_reads_the_triton_check(monkeypatch):
         return ula.linear_attention(q, k, v, ld, backend="triton")[0]  # no chunk_size: the trace picks one
     torch._dynamo.reset()
     assert rel(torch.compile(model, fullgraph=True, backend="aot_eager")(q, k, v, ld), model(q, k, v, ld)) < 1e-6
+
+
+@pytest.mark.parametrize("backend", ["triton", "torch"])
+def test_packed_mlstm_exp_traces_fullgraph(backend):
+    """Packed mLSTMexp (its gate scan runs per sequence on a padded layout) traces with fullgraph=True, cu_seqlens a
+    graph input whose boundaries change between calls: a trace cannot read them, so each row is padded to T steps
+    there (ula/ops/_common.py); outputs, final states and gradients as eager."""
+    q, k, v = (torch.randn(1, 40, 2, 16, requires_grad=True) for _ in range(3))
+    i, f = (torch.randn(1, 40, 2, requires_grad=True) for _ in range(2))
+
+    def model(q, k, v, i, f, cu):
+        h, (C, n, m) = ula.mlstm(q, k, v, i, f + 3, backend=backend, cu_seqlens=cu, output_final_state=True)
+        return h.square().mean() + C.sum() + n.sum() + m.sum()
+    torch._dynamo.reset()
+    compiled = torch.compile(model, fullgraph=True, backend="aot_eager")
+    for bounds in ([0, 13, 40], [0, 30, 40], [0, 5, 22, 40]):
+        cu = torch.tensor(bounds)
+        results = []
+        for fn in (model, compiled):
+            for x in (q, k, v, i, f):
+                x.grad = None
+            loss = fn(q, k, v, i, f, cu)
+            loss.backward()
+            results.append([loss] + [x.grad.clone() for x in (q, k, v, i, f)])
+        for a, b in zip(*results):
+            assert rel(b, a) < 1e-5, bounds

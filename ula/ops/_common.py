@@ -98,16 +98,21 @@ class PackedLayout:
     def of(cls, cu_seqlens, T, device):
         if cu_seqlens is None:
             return cls(None, T, device)
+        if torch.compiler.is_compiling():  # a trace cannot read cu_seqlens' values: each row padded to T steps
+            return cls(cu_seqlens, T, device, longest=T)
         return cached(cu_seqlens, ("packed_layout", T, str(device)), lambda: cls(cu_seqlens, T, device))
 
-    def __init__(self, cu_seqlens, T, device):
+    def __init__(self, cu_seqlens, T, device, longest=None):
+        """longest: the padded rows' length, by default the longest sequence's (read on the host)."""
         self.packed = cu_seqlens is not None  # no reference to cu_seqlens: the cache's values must not hold it
         if not self.packed:
             return
         cu = cu_seqlens.to(device=device, dtype=torch.long)
         lens = cu[1:] - cu[:-1]
-        bounds = host_values(cu_seqlens)  # the sizes on the host without a wait per call (ula/core/cu_cache.py)
-        self.N, self.L = lens.numel(), max(e - s for s, e in zip(bounds, bounds[1:]))
+        self.N, self.L = lens.numel(), longest
+        if longest is None:
+            bounds = host_values(cu_seqlens)  # the sizes on the host without a wait per call (ula/core/cu_cache.py)
+            self.L = max(e - s for s, e in zip(bounds, bounds[1:]))
         self.seq = torch.repeat_interleave(torch.arange(self.N, device=device), lens, output_size=T)
         self.pos = torch.arange(T, device=device) - cu[:-1][self.seq]
         self.lens = lens
