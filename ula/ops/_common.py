@@ -95,10 +95,12 @@ class PackedLayout:
     Build it with `PackedLayout.of`, which makes it once per cu_seqlens tensor (ula/core/cu_cache.py)."""
 
     @classmethod
-    def of(cls, cu_seqlens, T, device):
+    def of(cls, cu_seqlens, T, device, narrow=False):
+        """narrow: the caller pads only narrow tensors ([B, T, H] at most) or none, so that in a torch.compile trace,
+        which cannot read cu_seqlens' values, every row may be padded to T steps (N times the packed size)."""
         if cu_seqlens is None:
             return cls(None, T, device)
-        if torch.compiler.is_compiling():  # a trace cannot read cu_seqlens' values: each row padded to T steps
+        if narrow and torch.compiler.is_compiling():
             return cls(cu_seqlens, T, device, longest=T)
         return cached(cu_seqlens, ("packed_layout", T, str(device)), lambda: cls(cu_seqlens, T, device))
 

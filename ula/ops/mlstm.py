@@ -170,7 +170,7 @@ def mlstm(q, k, v, i, f, variant="exp", *, eps=1e-6, scale=None, initial_state=N
         from ._mlstm_gate_kernels import mlstm_exp_gates
         ldp, logw, m, mT = mlstm_exp_gates(i, f, m0, cu_seqlens, decay_dtype(q))
     else:
-        ldp, logw, m, mT = _exp_gates(i, f, m0, PackedLayout.of(cu_seqlens, q.shape[1], q.device))
+        ldp, logw, m, mT = _exp_gates(i, f, m0, PackedLayout.of(cu_seqlens, q.shape[1], q.device, narrow=True))
     return _exp_run(q, k, v, ldp, logw, m, mT, initial_state, eps, kw)
 
 
