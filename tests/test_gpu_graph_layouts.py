@@ -27,15 +27,21 @@ def _cu():
     return torch.tensor(BOUNDS, device=DEVICE, dtype=torch.int32)
 
 
-def _captured_then_eager(step):
-    """step(cu) -> tensors: run on a fresh cu_seqlens inside a capture (its values read before, as a capture
-    cannot read the device), then eagerly; returns (eager after the capture, captured after a replay, reference)."""
-    warm = _cu()
-    side = torch.cuda.Stream()  # warmed up on a side stream, as a capture wants (autograd's streams included)
+def _on_side_stream(fn):
+    """fn() warmed up on a side stream, as a capture wants (autograd's streams included); its result."""
+    side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
-        reference = [t.clone() for t in step(warm)]  # compiles every kernel, builds warm's own layouts
+        out = fn()
     torch.cuda.current_stream().wait_stream(side)
+    return out
+
+
+def _check_captured_then_eager(step, names):
+    """step(cu) -> tensors named `names`: run on a fresh cu_seqlens inside a capture (its values read before, as a
+    capture cannot read the device), then eagerly before any replay; both (the capture after a replay) must equal
+    the same call on another cu_seqlens of the same values, which built its own layouts."""
+    reference = _on_side_stream(lambda: [t.clone() for t in step(_cu())])  # also compiles every kernel
     cu = _cu()
     cu_cache.host_values(cu)
     torch.cuda.synchronize()
@@ -45,7 +51,9 @@ def _captured_then_eager(step):
     eager = [t.clone() for t in step(cu)]  # before any replay
     graph.replay()
     torch.cuda.synchronize()
-    return eager, captured, reference
+    for name, e, c, r in zip(names, eager, captured, reference):
+        assert torch.equal(e, r), f"{name}: eager call after the capture differs by {(e - r).abs().max().item()}"
+        assert torch.equal(c, r), f"{name}: the replay differs by {(c - r).abs().max().item()}"
 
 
 @pytest.mark.parametrize("chunk_size", [32, 64])
@@ -56,10 +64,7 @@ def test_core_layouts_first_built_in_a_capture(chunk_size):
     def step(cu):
         o, _ = ula.linear_attention(q, k, v, ld, cu_seqlens=cu, chunk_size=chunk_size)
         return [o, *torch.autograd.grad(o.float().sum(), (q, k, v, ld))]
-    eager, captured, reference = _captured_then_eager(step)
-    for name, e, c, r in zip(("o", "dq", "dk", "dv", "dld"), eager, captured, reference):
-        assert torch.equal(e, r), f"{name}: eager call after the capture differs by {(e - r).abs().max().item()}"
-        assert torch.equal(c, r), f"{name}: the replay differs by {(c - r).abs().max().item()}"
+    _check_captured_then_eager(step, ("o", "dq", "dk", "dv", "dld"))
 
 
 def test_families_packed_layout_first_built_in_a_capture():
@@ -70,21 +75,14 @@ def test_families_packed_layout_first_built_in_a_capture():
     def step(cu):
         o, _ = ula.gsa(q, k, v, w, None, cu_seqlens=cu)
         return [o, *torch.autograd.grad(o.float().sum(), (q, k, v, w))]
-    eager, captured, reference = _captured_then_eager(step)
-    for name, e, c, r in zip(("o", "dq", "dk", "dv", "dw"), eager, captured, reference):
-        assert torch.equal(e, r), f"{name}: eager call after the capture differs by {(e - r).abs().max().item()}"
-        assert torch.equal(c, r), f"{name}: the replay differs by {(c - r).abs().max().item()}"
+    _check_captured_then_eager(step, ("o", "dq", "dk", "dv", "dw"))
 
 
 def test_first_read_inside_a_capture_is_a_clear_error():
     """A cu_seqlens whose values were never read before a capture: an error that says what to do, not the CUDA
     error of a wait inside a capture; the same tensor works once called eagerly."""
     q, k, v, _ = _inputs()
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        reference, _ = ula.linear_attention(q, k, v, cu_seqlens=_cu())
-    torch.cuda.current_stream().wait_stream(side)
+    reference = _on_side_stream(lambda: ula.linear_attention(q, k, v, cu_seqlens=_cu())[0])
     cu = _cu()
     with pytest.raises(RuntimeError, match="call the op once eagerly with this cu_seqlens tensor before capturing"):
         with torch.cuda.graph(torch.cuda.CUDAGraph()):
