@@ -94,6 +94,18 @@ def test_families_build_one_packed_layout(monkeypatch):
     assert built.count(True) == 2, built
 
 
+def test_softmax_layer_packed_reads_nothing(reads):
+    """The softmax layer only maps packed tokens to their sequence and position (PackedLayout's seq, pos): it never
+    reads cu_seqlens on the host (on a GPU, a wait for everything queued), and matches the sequences run apart."""
+    from ula.layers import MIXERS
+    layer = MIXERS["softmax"](32, 2)
+    x = torch.randn(1, 30, 32)
+    y, _ = layer(x, cu_seqlens=torch.tensor([0, 11, 30]))
+    assert reads == [], reads
+    apart = torch.cat([layer(x[:, :11])[0], layer(x[:, 11:])[0]], 1)
+    assert torch.allclose(y, apart, atol=1e-5, rtol=1e-5)
+
+
 def test_entries_go_with_their_tensor():
     """The cache holds no reference to a cu_seqlens tensor, nor do the layouts it keeps: its entry leaves with it."""
     cu = torch.tensor([0, 5, 12])

@@ -1,6 +1,7 @@
 """Helpers shared by the families: the one-token recurrent step (one fused kernel on CUDA), gate dtypes, packed
 <-> padded layout."""
 import contextlib
+import weakref
 
 import torch
 
@@ -105,19 +106,28 @@ class PackedLayout:
         return cached(cu_seqlens, ("packed_layout", T, str(device)), lambda: cls(cu_seqlens, T, device))
 
     def __init__(self, cu_seqlens, T, device, longest=None):
-        """longest: the padded rows' length, by default the longest sequence's (read on the host)."""
-        self.packed = cu_seqlens is not None  # no reference to cu_seqlens: the cache's values must not hold it
+        """longest: the padded rows' length, by default the longest sequence's (read on the host at the first pad:
+        a caller that only maps tokens, like the softmax layer, never waits for the GPU here)."""
+        self.packed = cu_seqlens is not None
         if not self.packed:
             return
+        self._cu = weakref.ref(cu_seqlens)  # weak: the cache's values must not keep cu_seqlens alive
         cu = cu_seqlens.to(device=device, dtype=torch.long)
         lens = cu[1:] - cu[:-1]
-        self.N, self.L = lens.numel(), longest
-        if longest is None:
-            bounds = host_values(cu_seqlens)  # the sizes on the host without a wait per call (ula/core/cu_cache.py)
-            self.L = max(e - s for s, e in zip(bounds, bounds[1:]))
+        self.N, self._L = lens.numel(), longest
         self.seq = torch.repeat_interleave(torch.arange(self.N, device=device), lens, output_size=T)
         self.pos = torch.arange(T, device=device) - cu[:-1][self.seq]
         self.lens = lens
+
+    @property
+    def L(self):
+        if self._L is None:
+            cu = self._cu()
+            if cu is None:  # an internal contract: the caller holds cu_seqlens while it uses the layout
+                raise RuntimeError("PackedLayout: its cu_seqlens tensor was freed before the first pad")
+            bounds = host_values(cu)  # once per cu_seqlens tensor (ula/core/cu_cache.py)
+            self._L = max(e - s for s, e in zip(bounds, bounds[1:]))
+        return self._L
 
     def pad(self, x, fill=0.0):
         if not self.packed:

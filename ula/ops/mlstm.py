@@ -254,7 +254,8 @@ def _mlstm_exp_cp(q, k, v, i, f, eps, initial_state, group, kw):
     Np, Bs = len(me["pieces"]), (1 if c is not None else B)
 
     # this rank's pieces: (F_total, P, m_0 where the piece starts its sequence), gathered from every rank
-    layout = PackedLayout.of(cp.local_offsets(me, cu_seqlens), T, q.device)
+    offsets = cp.local_offsets(me, cu_seqlens)  # held while the layout is used (it reads them at its first pad)
+    layout = PackedLayout.of(offsets, T, q.device)
     scan = _exp_scan(i, f, layout)
     m0 = initial_state[2].double() if initial_state is not None else None
     zero = torch.zeros(Bs, H, dtype=torch.float64, device=q.device)
