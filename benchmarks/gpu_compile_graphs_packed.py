@@ -86,19 +86,21 @@ def part_lm():
 def part_graphs():
     q, k, v = (x.detach() for x in leaves(*[(1, T, H, K)] * 3))
     ld = F.logsigmoid(torch.randn(1, T, H, device=dev) + 3)
-
-    def step(q, k, v, ld, cu):
-        return ula.linear_attention(q, k, v, ld, cu_seqlens=cu)[0]
+    i, f = torch.randn(2, 1, T, H, device=dev)
+    steps = {"core": lambda cu: ula.linear_attention(q, k, v, ld, cu_seqlens=cu)[0],
+             "mlstm exp": lambda cu: ula.mlstm(q, k, v, i, f + 3, cu_seqlens=cu)[0]}
     for mode in ("reduce-overhead", "default"):
-        torch._dynamo.reset()
-        compiled = torch.compile(step, mode=mode, fullgraph=True)
-        for bounds in ([0, 100, T], [0, 100, T], [0, 30, T], [0, 200, T], [0, 30, 90, T], [0, 100, T]):
-            cu = torch.tensor(bounds, device=dev, dtype=torch.int32)
-            try:
-                out = compiled(q, k, v, ld, cu).clone()
-                print(f"{mode} {bounds}: rel err against eager {rel(out, step(q, k, v, ld, cu)):.1e}", flush=True)
-            except Exception as e:
-                print(f"{mode} {bounds}: FAILS {type(e).__name__}: {' '.join(str(e).split())[:500]}", flush=True)
+        for name, step in steps.items():
+            torch._dynamo.reset()
+            compiled = torch.compile(step, mode=mode, fullgraph=True)
+            for bounds in ([0, 100, T], [0, 100, T], [0, 30, T], [0, 200, T], [0, 30, 90, T], [0, 100, T]):
+                cu = torch.tensor(bounds, device=dev, dtype=torch.int32)
+                try:
+                    out = compiled(cu).clone()
+                    print(f"{mode} {name} {bounds}: rel err against eager {rel(out, step(cu)):.1e}", flush=True)
+                except Exception as e:
+                    print(f"{mode} {name} {bounds}: FAILS {type(e).__name__}: {' '.join(str(e).split())[:500]}",
+                          flush=True)
 
 
 if __name__ == "__main__":

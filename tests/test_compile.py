@@ -33,7 +33,33 @@ def test_fullgraph_compile_matches_eager(kind):
 
 
 def test_op_is_registered():
-    assert hasattr(torch.ops.ula, "linear_attention_fwd") and hasattr(torch.ops.ula, "linear_attention_bwd")
+    for name in ("linear_attention", "linear_attention_packed"):
+        assert hasattr(torch.ops.ula, f"{name}_fwd") and hasattr(torch.ops.ula, f"{name}_bwd")
+
+
+@pytest.mark.parametrize("packed", [False, True], ids=["dense", "packed"])
+def test_packed_calls_stay_out_of_cuda_graphs(packed):
+    """A packed call sizes its grid from cu_seqlens' values, read on the host: a CUDA graph would replay one call's
+    boundaries for every other. Compiled, its forward and backward are ops tagged cudagraph_unsafe, which Inductor's
+    CUDA graphs (mode="reduce-overhead") leave out; a dense call's ops are not tagged, so its graphs keep them."""
+    from functorch.compile import make_boxed_func
+    from torch._dynamo.backends.common import aot_autograd
+    q, k, v, ld, _, _ = make_inputs("scalar", False, 1, 40, 2, 16, 8)
+    cu = torch.tensor([0, 13, 40]) if packed else None
+    seen = []
+
+    def record(gm, _):
+        seen.extend(n.target for n in gm.graph.nodes if n.op == "call_function" and "ula." in str(n.target))
+        return make_boxed_func(gm.forward)
+
+    def model(q, k, v, ld):
+        return ula.linear_attention(q, k, v, ld, cu_seqlens=cu, chunk_size=16)[0].square().sum()
+    torch._dynamo.reset()
+    args = [x.detach().requires_grad_() for x in (q, k, v, ld)]
+    torch.compile(model, fullgraph=True, backend=aot_autograd(fw_compiler=record, bw_compiler=record))(*args).backward()
+    name = "linear_attention_packed" if packed else "linear_attention"
+    assert [str(t) for t in seen] == [f"ula.{name}_fwd.default", f"ula.{name}_bwd.default"]
+    assert all((torch.Tag.cudagraph_unsafe in t.tags) == packed for t in seen)
 
 
 def test_trace_of_the_triton_path_only_reads_the_triton_check(monkeypatch):
@@ -78,3 +104,41 @@ def test_packed_mlstm_exp_traces_fullgraph(backend):
             results.append([loss] + [x.grad.clone() for x in (q, k, v, i, f)])
         for a, b in zip(*results):
             assert rel(b, a) < 1e-5, bounds
+
+
+@pytest.mark.parametrize("family,packed", [("mlstm_exp", False), ("mlstm_exp", True), ("normalized", False)])
+def test_families_compile_on_their_kernels(family, packed, monkeypatch):
+    """Under torch.compile mLSTMexp and normalized attention run the column of ones on the Triton kernels, and
+    mLSTMexp its gate scan too, as custom ops (ula/core/custom_ops.py): not the explicit column of v, whose output
+    and gradient are rounded to v's dtype (in bf16 mLSTMexp's dq, dk and gate gradients were 5-7e-2 from float64 on
+    an H200, eager 3-4e-3), nor the float64 PyTorch scan (Triton failed to compile Inductor's kernel of its
+    backward). Outputs, final states and gradients as eager. (Packed normalized attention does not trace with
+    fullgraph: its PyTorch epilogue pads sequences to their longest, a length read on the host.)"""
+    import importlib
+    from ula.core import ones
+    mlstm_module = importlib.import_module("ula.ops.mlstm")  # (ula.ops.mlstm is also the function)
+
+    def taken(*a, **kw):
+        raise AssertionError("a PyTorch form was taken under torch.compile")
+    monkeypatch.setattr(ones, "_generic", taken)
+    monkeypatch.setattr(mlstm_module, "_exp_gates", taken)
+    cu = torch.tensor([0, 13, 40]) if packed else None
+    q, k, v = (torch.randn(1, 40, 2, 16, requires_grad=True) for _ in range(3))
+    i, f = (torch.randn(1, 40, 2, requires_grad=True) for _ in range(2))
+    leaves = [q, k, v, i, f] if family == "mlstm_exp" else [q, k, v]
+
+    def model(q, k, v, i, f):
+        if family == "mlstm_exp":
+            h, (C, n, m) = ula.mlstm(q, k, v, i, f + 3, backend="triton", output_final_state=True, cu_seqlens=cu)
+            return h.square().mean() + C.sum() + n.sum() + m.sum()
+        return ula.normalized_linear_attention(q, k, v, backend="triton", cu_seqlens=cu)[0].square().mean()
+    results = []
+    torch._dynamo.reset()
+    for fn in (model, torch.compile(model, fullgraph=True, backend="aot_eager")):
+        for x in leaves:
+            x.grad = None
+        loss = fn(q, k, v, i, f)
+        loss.backward()
+        results.append([loss] + [x.grad.clone() for x in leaves])
+    for a, b in zip(*results):
+        assert rel(b, a) < 1e-5

@@ -11,14 +11,18 @@ column padded to 144 values added ~40% to the output kernel
 (ula/core/triton/backward.py, `ones`) carries the column the same way: its gradient enters the dQ and dK passes
 as a rank-one term of their scores and an extra vector of their states. Elsewhere the same contract through
 linear_attention on [v, 1]."""
+from typing import List, Optional, Tuple
+
 import torch
+from torch import Tensor
 
 from . import precision
 from .api import _pad_to_16, linear_attention, one_sequence_as_batch
 from .autograd import canonical_left
-from .backends import chunk_fn, runs_fused
+from .backends import chunk_fn, runs_triton
 from .checks import check_linear_attention
 from .chunk_layout import make_layout
+from .custom_ops import dense_and_packed
 
 
 def with_ones_column(v):
@@ -36,9 +40,11 @@ def _generic(q, k, v, ld, scale, initial_state, output_final_state, kw):
 
 
 def fast_path(q, v, ld, backend, cp_group):
-    """Whether the call takes the Triton kernels that keep the column implicit."""
+    """Whether the call takes the Triton kernels that keep the column implicit (under torch.compile too, as custom
+    ops: the explicit column's output and gradient are rounded to v's dtype, and in half precision the dQ and dK
+    passes' terms of the column nearly cancel v's: mLSTMexp's bf16 gradients were 5-7e-2 from float64)."""
     K, V = q.shape[-1], v.shape[-1]
-    return (cp_group is None and runs_fused(backend, q.device) and q.dtype != torch.float64
+    return (cp_group is None and runs_triton(backend, q.device) and q.dtype != torch.float64
             and (ld is None or ld.dim() in (1, 3)) and _pad_to_16(K) == 0 and _pad_to_16(V) == 0)
 
 
@@ -58,6 +64,10 @@ def linear_attention_with_ones(q, k, v, ld=None, *, scale=None, initial_state=No
     scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
     C = int(chunk_size) if chunk_size is not None else chunk_fn(backend, q.device).pick_chunk(ld, None)
     prec = precision.encode(precision.resolve(()))  # "fast" unless set_precision says otherwise
+    if torch.compiler.is_compiling():
+        fwd = ones_fwd if cu_seqlens is None else ones_packed_fwd
+        o, den, S, n = fwd(q, k, v, ld, key_gate, S0, n0, scale, cu_seqlens, C, prec)
+        return o, den, ((S, n) if output_final_state else None)
     if q.is_cuda:  # a new configuration's kernels compiled in parallel before its first run
         from .triton.precompile import compile_in_parallel, grad_wanted
         grad = grad_wanted(q, k, v, ld, key_gate, S0, n0)
@@ -144,3 +154,57 @@ class _OnesFn(torch.autograd.Function):
         dq, dk, dv, dld, dS0, du, dn0 = _ones_backward(q, k, v, ld, u, S0, n0, do, dden, dS, dn, scale, cu_seqlens, C,
                                                        need_ld, prec)
         return dq, dk, dv, dld, du, dS0, (None if dn0 is None else dn0.to(n0.dtype)), None, None, None, None
+
+
+# The same forward and backward as custom ops (custom_ops.py), taken while torch.compile traces.
+_EMPTY = (0,)
+
+
+def _fwd_op(q: Tensor, k: Tensor, v: Tensor, ld: Optional[Tensor], u: Optional[Tensor], S0: Optional[Tensor],
+            n0: Optional[Tensor], scale: float, cu_seqlens: Optional[Tensor], C: int,
+            prec: str) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+    f = _ones_forward(q.contiguous(), k.contiguous(), v.contiguous(), ld, u, S0, n0, scale, cu_seqlens, C, prec)
+    return f["o"], f["den"], f["S"], f["n"]
+
+
+def _fwd_fake(q, k, v, ld, u, S0, n0, scale, cu_seqlens, C, prec):
+    B, T, H, K = q.shape
+    V = v.shape[-1]
+    N = B if cu_seqlens is None else cu_seqlens.shape[0] - 1
+    f32 = torch.float32
+    return (v.new_empty((B, T, H, V)), q.new_empty((B, T, H), dtype=f32), q.new_empty((N, H, K, V), dtype=f32),
+            q.new_empty((N, H, K), dtype=f32))
+
+
+def _bwd_op(q: Tensor, k: Tensor, v: Tensor, ld: Optional[Tensor], u: Optional[Tensor], S0: Optional[Tensor],
+            n0: Optional[Tensor], do: Tensor, dden: Optional[Tensor], dS: Optional[Tensor], dn: Optional[Tensor],
+            scale: float, cu_seqlens: Optional[Tensor], C: int, need_ld: bool, prec: str) -> List[Tensor]:
+    g = _ones_backward(q.contiguous(), k.contiguous(), v.contiguous(), ld, u, S0, n0, do.contiguous(), dden, dS, dn,
+                       scale, cu_seqlens, C, need_ld, prec)
+    like = (q, k, v, ld, S0, u, n0)  # the order of _ones_backward's gradients
+    return [x.to(y.dtype).contiguous() if x is not None else q.new_empty(_EMPTY) for x, y in zip(g, like)]
+
+
+def _bwd_fake(q, k, v, ld, u, S0, n0, do, dden, dS, dn, scale, cu_seqlens, C, need_ld, prec):
+    like = lambda x, need=True: x.new_empty(x.shape) if (x is not None and need) else q.new_empty(_EMPTY)  # noqa: E731
+    return [like(q), like(k), like(v), like(ld, need_ld), like(S0), like(u), like(n0)]
+
+
+def _setup(ctx, inputs, output):
+    q, k, v, ld, u, S0, n0, scale, cu_seqlens, C, prec = inputs
+    ctx.save_for_backward(q, k, v, ld, u, S0, n0, cu_seqlens)
+    ctx.cfg = (scale, C, prec)
+
+
+def _grads(ctx, do, dden, dS, dn, bwd):
+    q, k, v, ld, u, S0, n0, cu_seqlens = ctx.saved_tensors
+    scale, C, prec = ctx.cfg
+    need_ld = ld is not None and ctx.needs_input_grad[3]
+    dq, dk, dv, dld, dS0, du, dn0 = bwd(q, k, v, ld, u, S0, n0, do if do is not None else torch.zeros_like(v), dden,
+                                        dS, dn, scale, cu_seqlens, C, need_ld, prec)
+    return (dq, dk, dv, dld if need_ld else None, du if u is not None else None, dS0 if S0 is not None else None,
+            dn0 if n0 is not None else None, None, None, None, None)
+
+
+(ones_fwd, _), (ones_packed_fwd, _) = dense_and_packed("ones", _fwd_op, _fwd_fake, _bwd_op, _bwd_fake, _setup,
+                                                       _grads)

@@ -16,6 +16,7 @@ from torch import Tensor
 from . import precision
 from .autograd import backward_pass, forward_pass
 from .backends import chunk_fn, runs_triton
+from .custom_ops import dense_and_packed
 
 _EMPTY = (0,)
 
@@ -57,15 +58,13 @@ def _backward_impl(q, k, v, ld, rd, h0, o, do, dS, cu_seqlens, scale, reverse, c
     return [g.contiguous() if g is not None else q.new_empty(_EMPTY) for g in grads]
 
 
-@torch.library.custom_op("ula::linear_attention_fwd", mutates_args=())
-def linear_attention_fwd(q: Tensor, k: Tensor, v: Tensor, ld: Optional[Tensor], rd: Optional[Tensor],
-                         h0: Optional[Tensor], cu_seqlens: Optional[Tensor], scale: float, reverse: bool,
-                         chunk_size: int, backend: str, kg: Optional[Tensor], prec: str) -> Tuple[Tensor, Tensor, Tensor]:
+def _fwd_impl(q: Tensor, k: Tensor, v: Tensor, ld: Optional[Tensor], rd: Optional[Tensor], h0: Optional[Tensor],
+              cu_seqlens: Optional[Tensor], scale: float, reverse: bool, chunk_size: int, backend: str,
+              kg: Optional[Tensor], prec: str) -> Tuple[Tensor, Tensor, Tensor]:
     return _forward(q, k, v, ld, rd, h0, cu_seqlens, scale, reverse, chunk_size, backend, kg, prec)
 
 
-@linear_attention_fwd.register_fake
-def _(q, k, v, ld, rd, h0, cu_seqlens, scale, reverse, chunk_size, backend, kg, prec):
+def _fwd_fake(q, k, v, ld, rd, h0, cu_seqlens, scale, reverse, chunk_size, backend, kg, prec):
     B, T, H, K = q.shape
     V = v.shape[-1]
     N = B if cu_seqlens is None else cu_seqlens.shape[0] - 1
@@ -74,17 +73,16 @@ def _(q, k, v, ld, rd, h0, cu_seqlens, scale, reverse, chunk_size, backend, kg, 
     return q.new_empty((B, T, H, V), dtype=v.dtype), q.new_empty((N, H, K, V), dtype=dt), o_keep
 
 
-@torch.library.custom_op("ula::linear_attention_bwd", mutates_args=())
-def linear_attention_bwd(q: Tensor, k: Tensor, v: Tensor, ld: Optional[Tensor], rd: Optional[Tensor],
-                         h0: Optional[Tensor], o: Tensor, do: Tensor, dS: Optional[Tensor],
-                         cu_seqlens: Optional[Tensor], scale: float, reverse: bool, chunk_size: int, backend: str,
-                         need_ld: bool, need_rd: bool, kg: Optional[Tensor], prec: str) -> List[Tensor]:
+def _bwd_impl(q: Tensor, k: Tensor, v: Tensor, ld: Optional[Tensor], rd: Optional[Tensor], h0: Optional[Tensor],
+              o: Tensor, do: Tensor, dS: Optional[Tensor], cu_seqlens: Optional[Tensor], scale: float, reverse: bool,
+              chunk_size: int, backend: str, need_ld: bool, need_rd: bool, kg: Optional[Tensor],
+              prec: str) -> List[Tensor]:
     return _backward_impl(q, k, v, ld, rd, h0, o, do, dS, cu_seqlens, scale, reverse, chunk_size, backend, need_ld,
                           need_rd, kg, prec)
 
 
-@linear_attention_bwd.register_fake
-def _(q, k, v, ld, rd, h0, o, do, dS, cu_seqlens, scale, reverse, chunk_size, backend, need_ld, need_rd, kg, prec):
+def _bwd_fake(q, k, v, ld, rd, h0, o, do, dS, cu_seqlens, scale, reverse, chunk_size, backend, need_ld, need_rd, kg,
+              prec):
     like = lambda x, need=True: x.new_empty(x.shape) if (x is not None and need) else q.new_empty(_EMPTY)  # noqa: E731
     return [like(q), like(k), like(v), like(ld, need_ld), like(rd, need_rd), like(h0), like(kg)]
 
@@ -141,11 +139,8 @@ def _grads(ctx, do, dS, do_keep, bwd):
     return g[0], g[1], g[2], dld, drd, dh0, None, None, None, None, None, dkg, None
 
 
-def _backward(ctx, do, dS, do_keep):
-    return _grads(ctx, do, dS, do_keep, linear_attention_bwd)
-
-
-linear_attention_fwd.register_autograd(_backward, setup_context=_setup_context)
+(linear_attention_fwd, linear_attention_bwd), (packed_fwd, packed_bwd) = dense_and_packed(
+    "linear_attention", _fwd_impl, _fwd_fake, _bwd_impl, _bwd_fake, _setup_context, _grads)
 
 
 class _Eager(torch.autograd.Function):
@@ -172,7 +167,7 @@ def run(q, k, v, ld, rd, h0, cu_seqlens, scale, reverse, chunk_size, backend, kg
     rounded copy (`o_for_grad` picks whichever of the two is in the compute dtype).
     prec: precision.encode's string of the matmul precision's parts."""
     if torch.compiler.is_compiling():
-        op = linear_attention_fwd
+        op = linear_attention_fwd if cu_seqlens is None else packed_fwd
     else:
         op = _Eager.apply
         if q.is_cuda and runs_triton(backend, q.device):  # a new configuration's kernels compiled in parallel

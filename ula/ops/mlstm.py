@@ -45,7 +45,7 @@ import torch.nn.functional as F
 
 from ..core import linear_attention
 from ..core.api import one_sequence_as_batch
-from ..core.backends import runs_fused
+from ..core.backends import runs_fused, runs_triton
 from ..core.cu_cache import host_values
 from ..core.ones import linear_attention_with_ones, with_ones_column
 from ..core.time_scan import scan_time
@@ -163,10 +163,10 @@ def mlstm(q, k, v, i, f, variant="exp", *, eps=1e-6, scale=None, initial_state=N
         return linear_attention(q, k, v, F.logsigmoid(f.to(ddt)), initial_state=initial_state, cp_group=cp_group,
                                 key_gate=F.logsigmoid(i.to(ddt)), **kw)
     m0 = None if initial_state is None else initial_state[2]
-    if runs_fused(backend, q.device):
+    if runs_triton(backend, q.device):
         # two Triton launches each way for the gate scan (ula/ops/_mlstm_gate_kernels.py): the ~60 small float64
         # ops of `_exp_gates` and their backward cost the host more than the GPU's work; ld' and logw come in
-        # the core's dtype (cast there from float64, as `_exp_run` would)
+        # the core's dtype (cast there from float64, as `_exp_run` would). Under torch.compile too, as a custom op
         from ._mlstm_gate_kernels import mlstm_exp_gates
         ldp, logw, m, mT = mlstm_exp_gates(i, f, m0, cu_seqlens, decay_dtype(q))
     else:

@@ -1,0 +1,44 @@
+"""Packed mLSTMexp under torch.compile(mode="reduce-overhead") with boundaries that change between calls (session 34:
+one replay 2.5e-1 from eager): which piece goes stale. Each case against the same call eager, per output.
+Run: PYTHONPATH=. python3 benchmarks/gpu_graph_mlstm_probe.py"""
+import torch
+import torch.nn.functional as F
+
+import ula
+from ula.core.custom_ops import define_pair
+from ula.ops import _mlstm_gate_op as gate_op
+from ula.ops._mlstm_gate_kernels import mlstm_exp_gates
+
+dev, T, H, K = "cuda", 256, 2, 32
+torch.manual_seed(0)
+q, k, v = (torch.randn(1, T, H, K, device=dev).bfloat16() for _ in range(3))
+i, f = torch.randn(2, 1, T, H, device=dev)
+BOUNDS = ([0, 100, T], [0, 100, T], [0, 30, T], [0, 200, T], [0, 100, T], [0, 200, T], [0, 60, T])
+
+
+def rel(a, b):
+    return ((a.float() - b.float()).norm() / b.float().norm().clamp_min(1e-30)).item()
+
+
+def probe(name, step):
+    torch._dynamo.reset()
+    compiled = torch.compile(step, mode="reduce-overhead", fullgraph=True)
+    for bounds in BOUNDS:
+        cu = torch.tensor(bounds, device=dev, dtype=torch.int32)
+        try:
+            got = [x.clone() for x in compiled(cu)]
+            ref = step(cu)
+            print(f"{name} {bounds}: " + " ".join(f"{rel(g, r):.1e}" for g, r in zip(got, ref)), flush=True)
+        except Exception as e:
+            print(f"{name} {bounds}: FAILS {type(e).__name__}: {' '.join(str(e).split())[:300]}", flush=True)
+
+
+print(torch.__version__, torch.cuda.get_device_name(), flush=True)
+probe("gates", lambda cu: mlstm_exp_gates(i, f + 3, None, cu, torch.float32))
+probe("core packed", lambda cu: ula.linear_attention(q, k, v, F.logsigmoid(f + 3).float(), cu_seqlens=cu))
+probe("mlstm", lambda cu: ula.mlstm(q, k, v, i, f + 3, cu_seqlens=cu, output_final_state=True)[:1])
+# the gate op tagged cudagraph_unsafe: run outside the graphs
+pair = define_pair("probe_gates_unsafe", gate_op._fwd, gate_op._fwd_fake, gate_op._bwd, gate_op._bwd_fake,
+                   gate_op._setup, gate_op._grads, graph_safe=False)
+gate_op.gates_fwd = pair[0]
+probe("mlstm, gates unsafe", lambda cu: ula.mlstm(q, k, v, i, f + 3, cu_seqlens=cu)[:1])

@@ -1,0 +1,34 @@
+#!/bin/bash
+# Session 34's GPU call: torch.compile on the GPU at this tree. Part 1: the capture tests (rewritten in session 33,
+# not re-run), the compile probes (packed calls under mode="reduce-overhead" now that their ops are tagged
+# cudagraph_unsafe; every op fullgraph; the small LM), the LM tensor by tensor against float64, and session 33's
+# trial (the column-of-ones kernels as custom ops) with Inductor's kernels kept, to find the one Triton fails on.
+# Part 2: the same probes with the column of ones and the gate scan as custom ops under torch.compile.
+# Run: OUT=... bash benchmarks/gpu_pending_session34.sh 1|2
+NAME=pending34
+. benchmarks/gpu_pending_common.sh
+export PYTHONPATH=.
+if [ "$PART" = 1 ]; then
+  TMO=200 run ULA_TEST_GPU=1 python3 -m pytest -q -p no:cacheprovider tests/test_gpu_graph_layouts.py -rfE
+  TMO=300 run python3 benchmarks/gpu_compile_graphs_packed.py --parts graphs,ops,lm
+  TMO=200 run python3 benchmarks/gpu_compile_errors.py
+  TMO=300 run python3 benchmarks/gpu_compile_lm_tensors.py
+  rm -rf /tmp/trial && mkdir -p /tmp/trial && cp -r ula benchmarks /tmp/trial/
+  (cd /tmp/trial && git apply --include=ula/core/ones.py benchmarks/results/session33_ones_custom_op_trial.patch) \
+      >> "$LOG" 2>&1
+  (cd /tmp/trial && TMO=200 run TORCHINDUCTOR_CACHE_DIR=$OUT/inductor_trial PYTHONPATH=. \
+      python3 benchmarks/gpu_inductor_mlstm_probe.py)
+  # keep only the kernel Triton failed on (its name has ones_bwd in it) and its neighbours' names
+  find "$OUT/inductor_trial" -name "*.py" | xargs grep -l "ones_bwd" 2>/dev/null | head -3 \
+      | while read -r f; do cp "$f" "$OUT/"; done
+  find "$OUT/inductor_trial" -name "*.py" > "$OUT/inductor_trial_files.txt" 2>/dev/null
+  rm -rf "$OUT/inductor_trial"
+fi
+if [ "$PART" = 2 ]; then  # the column of ones and mLSTMexp's gate scan as custom ops under torch.compile
+  TMO=200 run python3 benchmarks/gpu_compile_errors.py
+  TMO=120 run python3 benchmarks/gpu_inductor_mlstm_probe.py
+  TMO=300 run python3 benchmarks/gpu_compile_graphs_packed.py --parts graphs,ops,lm
+  TMO=200 run ULA_TEST_GPU=1 python3 -m pytest -q -p no:cacheprovider tests/test_gpu_graph_layouts.py \
+      tests/test_compile.py -rfE
+fi
+tail -c 11000 "$LOG"

@@ -1,0 +1,29 @@
+"""Forward and backward functions registered as a pair of torch.library custom ops, the backward wired as the
+forward's autograd: opaque to torch.compile, which traces through their fake (meta) functions. The core (op.py),
+the column of ones (ones.py) and mLSTMexp's gate scan (ula/ops/_mlstm_gate_op.py) take them while compiling, so a
+trace runs the same kernels as an eager call.
+
+A call whose kernels' sizes come from cu_seqlens' values (read on the host) must not be kept in a CUDA graph: a
+replay would reuse one call's boundaries for every other. Such pairs are tagged cudagraph_unsafe, and torch.compile's
+CUDA graphs (mode="reduce-overhead") split the graph around them and run them with the boundaries of each call."""
+import torch
+
+_UNSAFE = (torch.Tag.cudagraph_unsafe,) if hasattr(torch.Tag, "cudagraph_unsafe") else ()
+
+
+def define_pair(name, fwd, fwd_fake, bwd, bwd_fake, setup_context, grads, graph_safe=True):
+    """(forward op, backward op) named ula::{name}_fwd and _bwd. fwd, bwd: annotated functions (their annotations
+    are the ops' schemas); grads(ctx, *output gradients, backward op) -> the forward inputs' gradients."""
+    tags = None if graph_safe else _UNSAFE
+    f = torch.library.custom_op(f"ula::{name}_fwd", fwd, mutates_args=(), tags=tags)
+    f.register_fake(fwd_fake)
+    b = torch.library.custom_op(f"ula::{name}_bwd", bwd, mutates_args=(), tags=tags)
+    b.register_fake(bwd_fake)
+    f.register_autograd(lambda ctx, *g: grads(ctx, *g, b), setup_context=setup_context)
+    return f, b
+
+
+def dense_and_packed(name, *functions):
+    """Two pairs of the same functions: ula::{name}_* for calls without cu_seqlens, ula::{name}_packed_* for calls
+    with it (tagged cudagraph_unsafe)."""
+    return define_pair(name, *functions), define_pair(f"{name}_packed", *functions, graph_safe=False)
