@@ -5,7 +5,6 @@ import torch
 import torch.nn.functional as F
 
 import ula
-from ula.core.custom_ops import define_pair
 from ula.ops import _mlstm_gate_op as gate_op
 from ula.ops._mlstm_gate_kernels import mlstm_exp_gates
 
@@ -35,10 +34,8 @@ def probe(name, step):
 
 print(torch.__version__, torch.cuda.get_device_name(), flush=True)
 probe("gates", lambda cu: mlstm_exp_gates(i, f + 3, None, cu, torch.float32))
-probe("core packed", lambda cu: ula.linear_attention(q, k, v, F.logsigmoid(f + 3).float(), cu_seqlens=cu))
+probe("core packed", lambda cu: ula.linear_attention(q, k, v, F.logsigmoid(f + 3).float(), cu_seqlens=cu)[:1])
 probe("mlstm", lambda cu: ula.mlstm(q, k, v, i, f + 3, cu_seqlens=cu, output_final_state=True)[:1])
-# the gate op tagged cudagraph_unsafe: run outside the graphs
-pair = define_pair("probe_gates_unsafe", gate_op._fwd, gate_op._fwd_fake, gate_op._bwd, gate_op._bwd_fake,
-                   gate_op._setup, gate_op._grads, graph_safe=False)
-gate_op.gates_fwd = pair[0]
-probe("mlstm, gates unsafe", lambda cu: ula.mlstm(q, k, v, i, f + 3, cu_seqlens=cu)[:1])
+# the packed gate op untagged (in the graphs), as first written in session 34
+gate_op.gates_packed_fwd = gate_op.gates_fwd
+probe("mlstm, packed gates in the graphs", lambda cu: ula.mlstm(q, k, v, i, f + 3, cu_seqlens=cu)[:1])

@@ -4,7 +4,8 @@
 # cudagraph_unsafe; every op fullgraph; the small LM), the LM tensor by tensor against float64, and session 33's
 # trial (the column-of-ones kernels as custom ops) with Inductor's kernels kept, to find the one Triton fails on.
 # Part 2: the same probes with the column of ones and the gate scan as custom ops under torch.compile.
-# Run: OUT=... bash benchmarks/gpu_pending_session34.sh 1|2
+# Part 3: packed mLSTMexp under mode="reduce-overhead" with its gate op tagged as the core's packed op.
+# Run: OUT=... bash benchmarks/gpu_pending_session34.sh 1|2|3
 NAME=pending34
 . benchmarks/gpu_pending_common.sh
 export PYTHONPATH=.
@@ -30,5 +31,10 @@ if [ "$PART" = 2 ]; then  # the column of ones and mLSTMexp's gate scan as custo
   TMO=300 run python3 benchmarks/gpu_compile_graphs_packed.py --parts graphs,ops,lm
   TMO=200 run ULA_TEST_GPU=1 python3 -m pytest -q -p no:cacheprovider tests/test_gpu_graph_layouts.py \
       tests/test_compile.py -rfE
+fi
+if [ "$PART" = 3 ]; then  # packed mLSTMexp under mode="reduce-overhead", its gate op tagged cudagraph_unsafe
+  TMO=200 run python3 benchmarks/gpu_graph_mlstm_probe.py
+  TMO=200 run python3 benchmarks/gpu_compile_graphs_packed.py --parts graphs
+  TMO=100 run python3 benchmarks/gpu_inductor_mlstm_probe.py
 fi
 tail -c 11000 "$LOG"

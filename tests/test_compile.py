@@ -37,29 +37,50 @@ def test_op_is_registered():
         assert hasattr(torch.ops.ula, f"{name}_fwd") and hasattr(torch.ops.ula, f"{name}_bwd")
 
 
-@pytest.mark.parametrize("packed", [False, True], ids=["dense", "packed"])
-def test_packed_calls_stay_out_of_cuda_graphs(packed):
-    """A packed call sizes its grid from cu_seqlens' values, read on the host: a CUDA graph would replay one call's
-    boundaries for every other. Compiled, its forward and backward are ops tagged cudagraph_unsafe, which Inductor's
-    CUDA graphs (mode="reduce-overhead") leave out; a dense call's ops are not tagged, so its graphs keep them."""
+def _ula_ops_traced(model, args):
+    """The ula custom ops in the forward and backward graphs of a compiled call of model(*args)."""
     from functorch.compile import make_boxed_func
     from torch._dynamo.backends.common import aot_autograd
-    q, k, v, ld, _, _ = make_inputs("scalar", False, 1, 40, 2, 16, 8)
-    cu = torch.tensor([0, 13, 40]) if packed else None
     seen = []
 
     def record(gm, _):
         seen.extend(n.target for n in gm.graph.nodes if n.op == "call_function" and "ula." in str(n.target))
         return make_boxed_func(gm.forward)
+    torch._dynamo.reset()
+    args = [x.detach().requires_grad_() for x in args]
+    torch.compile(model, fullgraph=True, backend=aot_autograd(fw_compiler=record, bw_compiler=record))(*args).backward()
+    return seen
+
+
+@pytest.mark.parametrize("packed", [False, True], ids=["dense", "packed"])
+def test_packed_calls_stay_out_of_cuda_graphs(packed):
+    """A packed call sizes its grid from cu_seqlens' values, read on the host: a CUDA graph would replay one call's
+    boundaries for every other. Compiled, its forward and backward are ops tagged cudagraph_unsafe, which Inductor's
+    CUDA graphs (mode="reduce-overhead") leave out; a dense call's ops are not tagged, so its graphs keep them."""
+    q, k, v, ld, _, _ = make_inputs("scalar", False, 1, 40, 2, 16, 8)
+    cu = torch.tensor([0, 13, 40]) if packed else None
 
     def model(q, k, v, ld):
         return ula.linear_attention(q, k, v, ld, cu_seqlens=cu, chunk_size=16)[0].square().sum()
-    torch._dynamo.reset()
-    args = [x.detach().requires_grad_() for x in (q, k, v, ld)]
-    torch.compile(model, fullgraph=True, backend=aot_autograd(fw_compiler=record, bw_compiler=record))(*args).backward()
+    seen = _ula_ops_traced(model, (q, k, v, ld))
     name = "linear_attention_packed" if packed else "linear_attention"
     assert [str(t) for t in seen] == [f"ula.{name}_fwd.default", f"ula.{name}_bwd.default"]
     assert all((torch.Tag.cudagraph_unsafe in t.tags) == packed for t in seen)
+
+
+@pytest.mark.parametrize("packed", [False, True], ids=["dense", "packed"])
+def test_packed_mlstm_exp_stays_out_of_cuda_graphs(packed):
+    """Packed mLSTMexp's gate scan and column of ones are tagged cudagraph_unsafe too (on an H100, replays with its
+    gate op left in the graphs went wrong: ula/ops/_mlstm_gate_op.py); dense, neither is."""
+    q, k, v = (torch.randn(1, 40, 2, 16) for _ in range(3))
+    i, f = (torch.randn(1, 40, 2) for _ in range(2))
+    cu = torch.tensor([0, 13, 40]) if packed else None
+
+    def model(q, k, v, i, f):
+        return ula.mlstm(q, k, v, i, f + 3, backend="triton", cu_seqlens=cu)[0].square().sum()
+    seen = [str(t) for t in _ula_ops_traced(model, (q, k, v, i, f)) if torch.Tag.cudagraph_unsafe in t.tags]
+    assert seen == (["ula.mlstm_exp_gates_packed_fwd.default", "ula.ones_packed_fwd.default",
+                     "ula.ones_packed_bwd.default", "ula.mlstm_exp_gates_packed_bwd.default"] if packed else [])
 
 
 def test_trace_of_the_triton_path_only_reads_the_triton_check(monkeypatch):
