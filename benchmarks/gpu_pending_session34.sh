@@ -5,7 +5,8 @@
 # trial (the column-of-ones kernels as custom ops) with Inductor's kernels kept, to find the one Triton fails on.
 # Part 2: the same probes with the column of ones and the gate scan as custom ops under torch.compile.
 # Part 3: packed mLSTMexp under mode="reduce-overhead" with its gate op tagged as the core's packed op.
-# Run: OUT=... bash benchmarks/gpu_pending_session34.sh 1|2|3
+# Part 4: the GPU suite and the smoke's repeat part.
+# Run: OUT=... bash benchmarks/gpu_pending_session34.sh 1|2|3|4
 NAME=pending34
 . benchmarks/gpu_pending_common.sh
 export PYTHONPATH=.
@@ -36,5 +37,9 @@ if [ "$PART" = 3 ]; then  # packed mLSTMexp under mode="reduce-overhead", its ga
   TMO=200 run python3 benchmarks/gpu_graph_mlstm_probe.py
   TMO=200 run python3 benchmarks/gpu_compile_graphs_packed.py --parts graphs
   TMO=100 run python3 benchmarks/gpu_inductor_mlstm_probe.py
+fi
+if [ "$PART" = 4 ]; then  # the GPU suite and the smoke's repeat part at this tree
+  TMO=330 run ULA_TEST_GPU=1 python3 -m pytest -q -n 8 -p no:cacheprovider tests -rfE
+  TMO=150 run python3 benchmarks/gpu_smoke.py --parts repeat
 fi
 tail -c 11000 "$LOG"
