@@ -6,7 +6,8 @@
 # Part 2: the same probes with the column of ones and the gate scan as custom ops under torch.compile.
 # Part 3: packed mLSTMexp under mode="reduce-overhead" with its gate op tagged as the core's packed op.
 # Part 4: the GPU suite and the smoke's repeat part.
-# Run: OUT=... bash benchmarks/gpu_pending_session34.sh 1|2|3|4
+# Part 5: normalized attention's Function as a custom op under torch.compile; compiled against eager speed.
+# Run: OUT=... bash benchmarks/gpu_pending_session34.sh 1|2|3|4|5
 NAME=pending34
 . benchmarks/gpu_pending_common.sh
 export PYTHONPATH=.
@@ -41,5 +42,10 @@ fi
 if [ "$PART" = 4 ]; then  # the GPU suite and the smoke's repeat part at this tree
   TMO=330 run ULA_TEST_GPU=1 python3 -m pytest -q -n 8 -p no:cacheprovider tests -rfE
   TMO=150 run python3 benchmarks/gpu_smoke.py --parts repeat
+fi
+if [ "$PART" = 5 ]; then  # normalized attention's Function as a custom op under torch.compile
+  TMO=150 run python3 benchmarks/gpu_compile_errors.py
+  TMO=150 run python3 benchmarks/gpu_compile_speed.py
+  TMO=240 run python3 benchmarks/gpu_compile_graphs_packed.py --parts ops,lm
 fi
 tail -c 11000 "$LOG"

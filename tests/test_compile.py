@@ -143,6 +143,7 @@ def test_families_compile_on_their_kernels(family, packed, monkeypatch):
         raise AssertionError("a PyTorch form was taken under torch.compile")
     monkeypatch.setattr(ones, "_generic", taken)
     monkeypatch.setattr(mlstm_module, "_exp_gates", taken)
+    monkeypatch.setattr(importlib.import_module("ula.ops.normalized"), "_epilogue_torch", taken)
     cu = torch.tensor([0, 13, 40]) if packed else None
     q, k, v = (torch.randn(1, 40, 2, 16, requires_grad=True) for _ in range(3))
     i, f = (torch.randn(1, 40, 2, requires_grad=True) for _ in range(2))
@@ -163,3 +164,37 @@ def test_families_compile_on_their_kernels(family, packed, monkeypatch):
         results.append([loss] + [x.grad.clone() for x in leaves])
     for a, b in zip(*results):
         assert rel(b, a) < 1e-5
+
+
+@pytest.mark.parametrize("form", ["l2", "a_tensor_state"])
+def test_normalized_compiles_on_its_fused_function(form, monkeypatch):
+    """Under torch.compile normalized attention without cu_seqlens runs its one Triton Function as a custom op
+    (ula/ops/_normalized_op.py): the L2 norm, the a part and the division inside the core's kernels, as eager; with
+    a learnable a per head, b a number, an initial and a final state, no L2 norm; outputs and gradients as eager."""
+    import importlib
+    normalized = importlib.import_module("ula.ops.normalized")
+
+    def taken(*a, **kw):
+        raise AssertionError("the PyTorch path was taken under torch.compile")
+    monkeypatch.setattr(normalized, "_epilogue_torch", taken)
+    q, k, v = (torch.randn(2, 37, 2, 16, requires_grad=True) for _ in range(3))
+    a = torch.tensor([0.5, 2.0], requires_grad=True)
+    S0 = torch.randn(2, 2, 17, 17, requires_grad=True)
+    leaves = [q, k, v] + ([a, S0] if form != "l2" else [])
+
+    def model(q, k, v):
+        if form == "l2":
+            return ula.normalized_linear_attention(q, k, v, backend="triton", chunk_size=16)[0].square().mean()
+        o, S = ula.normalized_linear_attention(q, k, v, a, 0.5, qk_l2_norm=False, initial_state=S0,
+                                               output_final_state=True, backend="triton", chunk_size=16)
+        return o.square().mean() + S.square().mean()
+    results = []
+    torch._dynamo.reset()
+    for fn in (model, torch.compile(model, fullgraph=True, backend="aot_eager")):
+        for x in leaves:
+            x.grad = None
+        loss = fn(q, k, v)
+        loss.backward()
+        results.append([loss] + [x.grad.clone() for x in leaves])
+    for x, y in zip(*results):
+        assert rel(y, x) < 1e-5
