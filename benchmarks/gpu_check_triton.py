@@ -27,6 +27,7 @@ import torch.nn.functional as F
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 import ula  # noqa: E402
+from compare import rel  # noqa: E402
 
 KINDS = tuple(os.environ.get("ULA_CHECK_KINDS", "none,constant,scalar,vector").split(","))  # e.g. =constant
 TOL, TOL_DECAY = 1e-2, 2e-2
@@ -55,13 +56,6 @@ def make(kind, right, B, T, H, K, V, N):
     rd = log_decay((B, T, H, V)) if right else None
     h0 = torch.randn(N, H, K, V, device="cuda") * 0.1
     return q, k, v, ld, rd, h0
-
-
-def rel(x, ref):
-    x, ref = x.detach().double(), ref.detach().double()
-    if not torch.isfinite(x).all():
-        return float("inf")
-    return ((x - ref).norm() / ref.norm().clamp_min(1e-30)).item()
 
 
 def run(backend, inputs, dtype, do, dS, cu, reverse):

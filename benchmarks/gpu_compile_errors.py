@@ -1,4 +1,4 @@
-"""Where torch.compile(fullgraph=True) and eager differ on the GPU (benchmarks/gpu_compile_graphs_packed.py: mLSTMexp
+"""Where torch.compile(fullgraph=True) and eager differ on the GPU (benchmarks/gpu_compile_checks.py: mLSTMexp
 3.7e-1, normalized 3.0e-2, GSA 7.3e-3 in bf16): each against the float64 PyTorch path on the same inputs, per tensor.
 Run: PYTHONPATH=. python3 benchmarks/gpu_compile_errors.py"""
 import torch

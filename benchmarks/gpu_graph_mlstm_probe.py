@@ -7,16 +7,13 @@ import torch.nn.functional as F
 import ula
 from ula.ops import _mlstm_gate_op as gate_op
 from ula.ops._mlstm_gate_kernels import mlstm_exp_gates
+from compare import rel
 
 dev, T, H, K = "cuda", 256, 2, 32
 torch.manual_seed(0)
 q, k, v = (torch.randn(1, T, H, K, device=dev).bfloat16() for _ in range(3))
 i, f = torch.randn(2, 1, T, H, device=dev)
 BOUNDS = ([0, 100, T], [0, 100, T], [0, 30, T], [0, 200, T], [0, 100, T], [0, 200, T], [0, 60, T])
-
-
-def rel(a, b):
-    return ((a.float() - b.float()).norm() / b.float().norm().clamp_min(1e-30)).item()
 
 
 def probe(name, step):

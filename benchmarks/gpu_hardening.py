@@ -33,6 +33,7 @@ import torch  # noqa: E402
 import ula  # noqa: E402
 from ula.bench import families as fam  # noqa: E402
 from ula.bench.script import Run, free_memory, is_oom  # noqa: E402
+from compare import rel  # noqa: E402
 
 TOL, TOL_DECAY = 1e-2, 2e-2
 DECAY_GRADS = ("dld", "dg", "df", "di", "ds", "dw", "ddt", "dA")
@@ -60,14 +61,6 @@ def add_args(ap):
 
 def ints(s):
     return tuple(int(x) for x in s.split(",") if x)
-
-
-def rel(x, ref):
-    """||x - ref|| / ||ref|| in float64; inf when x is not finite."""
-    x, ref = x.detach().double(), ref.detach().double()
-    if not torch.isfinite(x).all():
-        return float("inf")
-    return ((x - ref).norm() / ref.norm().clamp_min(1e-300)).item()
 
 
 def limit(name):

@@ -15,12 +15,9 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 import ula  # noqa: E402
 import ula.ops.normalized as nmod  # noqa: E402
 from ula.ops._normalized_epilogue import normalized_epilogue  # noqa: E402
+from compare import rel  # noqa: E402
 
 dev = "cuda"
-
-
-def rel(x, r):
-    return ((x.double() - r.double()).norm() / r.double().norm().clamp_min(1e-30)).item()
 
 
 def check(B, T, H, V, cu=None, a_kind="head", dt=torch.float32, eps=1e-6, den_scale=1.0):

@@ -13,7 +13,7 @@ NAME=pending34
 export PYTHONPATH=.
 if [ "$PART" = 1 ]; then
   TMO=200 run ULA_TEST_GPU=1 python3 -m pytest -q -p no:cacheprovider tests/test_gpu_graph_layouts.py -rfE
-  TMO=300 run python3 benchmarks/gpu_compile_graphs_packed.py --parts graphs,ops,lm
+  TMO=300 run python3 benchmarks/gpu_compile_checks.py --parts graphs,ops,lm
   TMO=200 run python3 benchmarks/gpu_compile_errors.py
   TMO=300 run python3 benchmarks/gpu_compile_lm_tensors.py
   rm -rf /tmp/trial && mkdir -p /tmp/trial && cp -r ula benchmarks /tmp/trial/
@@ -30,13 +30,13 @@ fi
 if [ "$PART" = 2 ]; then  # the column of ones and mLSTMexp's gate scan as custom ops under torch.compile
   TMO=200 run python3 benchmarks/gpu_compile_errors.py
   TMO=120 run python3 benchmarks/gpu_inductor_mlstm_probe.py
-  TMO=300 run python3 benchmarks/gpu_compile_graphs_packed.py --parts graphs,ops,lm
+  TMO=300 run python3 benchmarks/gpu_compile_checks.py --parts graphs,ops,lm
   TMO=200 run ULA_TEST_GPU=1 python3 -m pytest -q -p no:cacheprovider tests/test_gpu_graph_layouts.py \
       tests/test_compile.py -rfE
 fi
 if [ "$PART" = 3 ]; then  # packed mLSTMexp under mode="reduce-overhead", its gate op tagged cudagraph_unsafe
   TMO=200 run python3 benchmarks/gpu_graph_mlstm_probe.py
-  TMO=200 run python3 benchmarks/gpu_compile_graphs_packed.py --parts graphs
+  TMO=200 run python3 benchmarks/gpu_compile_checks.py --parts graphs
   TMO=100 run python3 benchmarks/gpu_inductor_mlstm_probe.py
 fi
 if [ "$PART" = 4 ]; then  # the GPU suite and the smoke's repeat part at this tree
@@ -46,6 +46,6 @@ fi
 if [ "$PART" = 5 ]; then  # normalized attention's Function as a custom op under torch.compile
   TMO=150 run python3 benchmarks/gpu_compile_errors.py
   TMO=150 run python3 benchmarks/gpu_compile_speed.py
-  TMO=240 run python3 benchmarks/gpu_compile_graphs_packed.py --parts ops,lm
+  TMO=240 run python3 benchmarks/gpu_compile_checks.py --parts ops,lm
 fi
 tail -c 11000 "$LOG"

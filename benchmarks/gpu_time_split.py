@@ -21,6 +21,7 @@ import ula  # noqa: E402
 from ula.bench.measure import graph_times, ours  # noqa: E402
 from ula.core import time_split  # noqa: E402
 from record import smi_line  # noqa: E402
+from compare import rel  # noqa: E402
 
 
 def peak_mib(fn, args):
@@ -43,10 +44,6 @@ def outputs(fn, args, do):
     o.backward(do)
     # copies: .float() of a float32 grad is that grad itself, which later backward passes may add to
     return [o.detach().float().clone()] + [a.grad.detach().float().clone() for a in leaves]
-
-
-def rel(a, b):
-    return ((a - b).norm() / b.norm().clamp_min(1e-30)).item()
 
 
 def main():

@@ -2,10 +2,11 @@
 relative error), one line per case with the error a user would see where it fails:
 - the core (no, scalar and vector decay; packed) and each family op, torch.compile(fullgraph=True);
 - a small language model with each mixer, torch.compile (default backend, Inductor), forward and backward;
-- packed calls under mode="reduce-overhead" (Inductor's CUDA graphs) with cu_seqlens a graph input whose boundaries
-  change between steps at a fixed T: a CUDA graph replays the layout of its capture, so a replay with other
-  boundaries would be silently wrong.
-Run: PYTHONPATH=. python3 benchmarks/gpu_compile_graphs_packed.py [--parts ops,lm,graphs]"""
+- packed calls of the core and of mLSTMexp under mode="reduce-overhead" (Inductor's CUDA graphs) and the default
+  mode, with cu_seqlens a graph input whose boundaries change between steps at a fixed T: a CUDA graph replays the
+  layout of its capture, so a replay with other boundaries would be silently wrong (since session 34 their ops run
+  outside the graphs: ula/core/custom_ops.py).
+Run: PYTHONPATH=. python3 benchmarks/gpu_compile_checks.py [--parts ops,lm,graphs]"""
 import argparse
 
 import torch
@@ -14,13 +15,10 @@ import torch.nn.functional as F
 import ula
 from ula.layers import MIXERS
 from ula.models import CausalLM, LMConfig
+from compare import rel
 
 dev = "cuda"
 T, H, K = 256, 2, 32
-
-
-def rel(a, b):
-    return ((a.float() - b.float()).norm() / b.float().norm().clamp_min(1e-30)).item()
 
 
 def leaves(*shapes, dt=torch.bfloat16):
