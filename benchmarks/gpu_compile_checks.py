@@ -2,10 +2,10 @@
 relative error), one line per case with the error a user would see where it fails:
 - the core (no, scalar and vector decay; packed) and each family op, torch.compile(fullgraph=True);
 - a small language model with each mixer, torch.compile (default backend, Inductor), forward and backward;
-- packed calls of the core and of mLSTMexp under mode="reduce-overhead" (Inductor's CUDA graphs) and the default
-  mode, with cu_seqlens a graph input whose boundaries change between steps at a fixed T: a CUDA graph replays the
-  layout of its capture, so a replay with other boundaries would be silently wrong (since session 34 their ops run
-  outside the graphs: ula/core/custom_ops.py).
+- packed calls of the core, mLSTMexp and normalized attention under mode="reduce-overhead" (Inductor's CUDA graphs)
+  and the default mode, with cu_seqlens a graph input whose boundaries change between steps at a fixed T: a CUDA
+  graph replays the layout of its capture, so a replay with other boundaries would be silently wrong (since session
+  34 their ops run outside the graphs: ula/core/custom_ops.py).
 Run: PYTHONPATH=. python3 benchmarks/gpu_compile_checks.py [--parts ops,lm,graphs]"""
 import argparse
 
@@ -86,7 +86,8 @@ def part_graphs():
     ld = F.logsigmoid(torch.randn(1, T, H, device=dev) + 3)
     i, f = torch.randn(2, 1, T, H, device=dev)
     steps = {"core": lambda cu: ula.linear_attention(q, k, v, ld, cu_seqlens=cu)[0],
-             "mlstm exp": lambda cu: ula.mlstm(q, k, v, i, f + 3, cu_seqlens=cu)[0]}
+             "mlstm exp": lambda cu: ula.mlstm(q, k, v, i, f + 3, cu_seqlens=cu)[0],
+             "normalized": lambda cu: ula.normalized_linear_attention(q, k, v, cu_seqlens=cu)[0]}
     for mode in ("reduce-overhead", "default"):
         for name, step in steps.items():
             torch._dynamo.reset()

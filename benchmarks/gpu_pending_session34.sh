@@ -7,7 +7,8 @@
 # Part 3: packed mLSTMexp under mode="reduce-overhead" with its gate op tagged as the core's packed op.
 # Part 4: the GPU suite and the smoke's repeat part.
 # Part 5: normalized attention's Function as a custom op under torch.compile; compiled against eager speed.
-# Run: OUT=... bash benchmarks/gpu_pending_session34.sh 1|2|3|4|5
+# Part 6: packed normalized attention compiled on its op (graphs), and the GPU suite at the final tree.
+# Run: OUT=... bash benchmarks/gpu_pending_session34.sh 1|2|3|4|5|6
 NAME=pending34
 . benchmarks/gpu_pending_common.sh
 export PYTHONPATH=.
@@ -47,5 +48,9 @@ if [ "$PART" = 5 ]; then  # normalized attention's Function as a custom op under
   TMO=150 run python3 benchmarks/gpu_compile_errors.py
   TMO=150 run python3 benchmarks/gpu_compile_speed.py
   TMO=240 run python3 benchmarks/gpu_compile_checks.py --parts ops,lm
+fi
+if [ "$PART" = 6 ]; then  # packed normalized attention compiled on its op; the GPU suite at the final tree
+  TMO=150 run python3 benchmarks/gpu_compile_checks.py --parts graphs
+  TMO=240 run ULA_TEST_GPU=1 python3 -m pytest -q -n 8 -p no:cacheprovider tests -rfE
 fi
 tail -c 11000 "$LOG"

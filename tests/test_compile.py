@@ -127,14 +127,14 @@ def test_packed_mlstm_exp_traces_fullgraph(backend):
             assert rel(b, a) < 1e-5, bounds
 
 
-@pytest.mark.parametrize("family,packed", [("mlstm_exp", False), ("mlstm_exp", True), ("normalized", False)])
+@pytest.mark.parametrize("family,packed", [("mlstm_exp", False), ("mlstm_exp", True), ("normalized", False),
+                                           ("normalized", True)])
 def test_families_compile_on_their_kernels(family, packed, monkeypatch):
     """Under torch.compile mLSTMexp and normalized attention run the column of ones on the Triton kernels, and
     mLSTMexp its gate scan too, as custom ops (ula/core/custom_ops.py): not the explicit column of v, whose output
     and gradient are rounded to v's dtype (in bf16 mLSTMexp's dq, dk and gate gradients were 5-7e-2 from float64 on
     an H200, eager 3-4e-3), nor the float64 PyTorch scan (Triton failed to compile Inductor's kernel of its
-    backward). Outputs, final states and gradients as eager. (Packed normalized attention does not trace with
-    fullgraph: its PyTorch epilogue pads sequences to their longest, a length read on the host.)"""
+    backward). Outputs, final states and gradients as eager."""
     import importlib
     from ula.core import ones
     mlstm_module = importlib.import_module("ula.ops.mlstm")  # (ula.ops.mlstm is also the function)
@@ -166,27 +166,32 @@ def test_families_compile_on_their_kernels(family, packed, monkeypatch):
         assert rel(b, a) < 1e-5
 
 
-@pytest.mark.parametrize("form", ["l2", "a_tensor_state"])
+@pytest.mark.parametrize("form", ["l2", "a_tensor_state", "a_tensor_state_packed"])
 def test_normalized_compiles_on_its_fused_function(form, monkeypatch):
-    """Under torch.compile normalized attention without cu_seqlens runs its one Triton Function as a custom op
+    """Under torch.compile normalized attention runs its one Triton Function as a custom op
     (ula/ops/_normalized_op.py): the L2 norm, the a part and the division inside the core's kernels, as eager; with
-    a learnable a per head, b a number, an initial and a final state, no L2 norm; outputs and gradients as eager."""
+    a learnable a per head, b a number, an initial and a final state, no L2 norm, packed or not (packed, the chunk
+    carry is returned padded to a bound from shapes: T = 37, C = 16, sequences of 5, 16 and 16 steps need 3 rows
+    where the bound is 5); outputs and gradients as eager, the packed ops tagged cudagraph_unsafe."""
     import importlib
     normalized = importlib.import_module("ula.ops.normalized")
 
     def taken(*a, **kw):
         raise AssertionError("the PyTorch path was taken under torch.compile")
     monkeypatch.setattr(normalized, "_epilogue_torch", taken)
-    q, k, v = (torch.randn(2, 37, 2, 16, requires_grad=True) for _ in range(3))
+    packed = form.endswith("packed")
+    B, cu = (1, torch.tensor([0, 5, 21, 37])) if packed else (2, None)
+    q, k, v = (torch.randn(B, 37, 2, 16, requires_grad=True) for _ in range(3))
     a = torch.tensor([0.5, 2.0], requires_grad=True)
-    S0 = torch.randn(2, 2, 17, 17, requires_grad=True)
+    S0 = torch.randn(3 if packed else 2, 2, 17, 17, requires_grad=True)
     leaves = [q, k, v] + ([a, S0] if form != "l2" else [])
 
     def model(q, k, v):
         if form == "l2":
             return ula.normalized_linear_attention(q, k, v, backend="triton", chunk_size=16)[0].square().mean()
         o, S = ula.normalized_linear_attention(q, k, v, a, 0.5, qk_l2_norm=False, initial_state=S0,
-                                               output_final_state=True, backend="triton", chunk_size=16)
+                                               output_final_state=True, backend="triton", chunk_size=16,
+                                               cu_seqlens=cu)
         return o.square().mean() + S.square().mean()
     results = []
     torch._dynamo.reset()
@@ -198,3 +203,8 @@ def test_normalized_compiles_on_its_fused_function(form, monkeypatch):
         results.append([loss] + [x.grad.clone() for x in leaves])
     for x, y in zip(*results):
         assert rel(y, x) < 1e-5
+    if packed:
+        monkeypatch.undo()
+        seen = _ula_ops_traced(lambda q, k, v: model(q, k, v), (q, k, v))
+        assert [str(t) for t in seen] == ["ula.normalized_packed_fwd.default", "ula.normalized_packed_bwd.default"]
+        assert all(torch.Tag.cudagraph_unsafe in t.tags for t in seen)

@@ -112,9 +112,10 @@ def normalized_fused(q, k, v, a, a_val, scale, l2, S0, n0, z0, c0, eps, cu_seqle
     a [H] float32 or None (then the number a_val); initial state parts S0 [N, H, K, V], n0 [N, H, K], z0 [N, H, V],
     c0 [N, H] float32 or None; Z_T None unless has_a."""
     prec = precision.encode(precision.resolve(()))
-    if torch.compiler.is_compiling():  # the same kernels as a custom op, opaque to the trace (no cu_seqlens there)
-        from ._normalized_op import normalized_fwd
-        return normalized_fwd(q, k, v, a, S0, n0, z0, c0, a_val, float(scale), l2, eps, C, prec, has_a)[:4]
+    if torch.compiler.is_compiling():  # the same kernels as a custom op, opaque to the trace
+        from ._normalized_op import normalized_fwd, normalized_packed_fwd
+        op = normalized_fwd if cu_seqlens is None else normalized_packed_fwd
+        return op(q, k, v, a, S0, n0, z0, c0, a_val, float(scale), l2, eps, cu_seqlens, C, prec, has_a)[:4]
     if q.is_cuda:  # a new configuration's kernels compiled in parallel before its first run
         from ..core.triton.precompile import compile_in_parallel, grad_wanted
         grad = grad_wanted(q, k, v, a, S0, n0, z0, c0)

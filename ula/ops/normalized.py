@@ -147,11 +147,9 @@ def normalized_linear_attention(q, k, v, a=1.0, b=1.0, *, qk_l2_norm=True, eps=1
                          "[B, H, K + 1, V + 1] ([N, ...] with cu_seqlens)", name="initial_state", device=q.device)
     cu_seqlens = one_sequence_as_batch(q, cu_seqlens)
     # the Triton backend (not float64, not under torch.compile): the L2 norm and the epilogue as fused kernels;
-    # under torch.compile the one Function of the main branch below as a custom op, without cu_seqlens
-    # (ula/ops/_normalized_op.py)
+    # under torch.compile the one Function of the main branch below as a custom op (ula/ops/_normalized_op.py)
     fused = decay_dtype(q) == torch.float32 and runs_fused(backend, q.device)
-    as_op = (torch.compiler.is_compiling() and cu_seqlens is None and decay_dtype(q) == torch.float32
-             and runs_triton(backend, q.device))
+    as_op = torch.compiler.is_compiling() and decay_dtype(q) == torch.float32 and runs_triton(backend, q.device)
     K, V = k.shape[-1], v.shape[-1]
     S0 = initial_state
     init = None if S0 is None else (S0[:, :, :K, :V].contiguous(), S0[:, :, :K, V].contiguous())
