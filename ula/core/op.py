@@ -1,7 +1,7 @@
 """The core op, two ways around the same forward and backward functions:
 - registered with torch.library, so that models calling it compile with torch.compile(fullgraph=True): the
   forward and the backward are opaque custom ops with fake (meta) implementations for tracing; the backward
-  is wired with register_autograd;
+  is wired with register_autograd (custom_ops.py; packed calls take a second pair, tagged cudagraph_unsafe);
 - a plain torch.autograd.Function for eager runs: the custom-op dispatch costs about a millisecond of Python
   per forward+backward (measured on an H100 host), as much as the kernels of a mid-size call.
 `run` picks the first while compiling and the second otherwise.
