@@ -208,3 +208,28 @@ def test_normalized_compiles_on_its_fused_function(form, monkeypatch):
         seen = _ula_ops_traced(lambda q, k, v: model(q, k, v), (q, k, v))
         assert [str(t) for t in seen] == ["ula.normalized_packed_fwd.default", "ula.normalized_packed_bwd.default"]
         assert all(torch.Tag.cudagraph_unsafe in t.tags for t in seen)
+
+
+def test_packed_abc_traces_fullgraph():
+    """Packed ABC's cumulative softmax is one scan over all tokens (ula/ops/gsa.py), with no read of cu_seqlens'
+    values, so it traces with fullgraph=True with boundaries changing between calls; outputs, the final
+    log-normalizer and gradients as eager."""
+    q, k, v = (torch.randn(1, 40, 2, 16, requires_grad=True) for _ in range(3))
+    w = torch.randn(1, 40, 2, 8, requires_grad=True)
+
+    def model(q, k, v, w, cu):
+        o, (S1, S2, z) = ula.abc(q, k, v, w, cu_seqlens=cu, output_final_state=True)
+        return o.square().mean() + S1.sum() + S2.sum() + z.sum()
+    torch._dynamo.reset()
+    compiled = torch.compile(model, fullgraph=True, backend="aot_eager")
+    for bounds in ([0, 13, 40], [0, 30, 40], [0, 5, 22, 40]):
+        cu = torch.tensor(bounds)
+        results = []
+        for fn in (model, compiled):
+            for x in (q, k, v, w):
+                x.grad = None
+            loss = fn(q, k, v, w, cu)
+            loss.backward()
+            results.append([loss] + [x.grad.clone() for x in (q, k, v, w)])
+        for a, b in zip(*results):
+            assert rel(b, a) < 1e-5, bounds

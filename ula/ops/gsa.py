@@ -22,7 +22,7 @@ from ..core.op import o_for_grad, run
 from ..core.precision import call_code, parse
 from ..core.time_scan import scan_time
 from ._checks import (check_float, check_sequence, check_state_tuple, check_step_qkv, num_sequences)
-from ._common import PackedLayout, _step, decay_dtype
+from ._common import _step, decay_dtype
 
 
 def _check_gsa(op, q, v, s, g, state, N, dim, step, n_state=2, s_name="s"):
@@ -189,24 +189,37 @@ def abc(q, k, v, w, *, scale=None, initial_state=None, output_final_state=False,
     h1 = h2 = z0 = None
     if initial_state is not None:
         h1, h2, z0 = initial_state
-    phi, zT = _cumulative_softmax(w, z0, PackedLayout.of(cu_seqlens, q.shape[1], q.device))
+    phi, zT = _cumulative_softmax(w, z0, cu_seqlens)
     o, S = gsa(q, k, v, phi, None, scale=scale, initial_state=None if h1 is None else (h1, h2),
                output_final_state=output_final_state, cu_seqlens=cu_seqlens, chunk_size=chunk_size,
                backend=backend)
     return o, (S + (zT,) if output_final_state else None)
 
 
-def _cumulative_softmax(w, z0, layout):
+def _cumulative_softmax(w, z0, cu_seqlens):
+    """φ = exp(w − z) with z_t = log(exp(z0) + Σ_{j<=t} exp(w_j)) per sequence (z0: its state, or nothing), and z at
+    each sequence's last step. Packed, one scan over all tokens, no padding and no read of cu_seqlens' values (a
+    torch.compile trace cannot read them): each sequence's logits are raised by its index times a margin, their
+    finite spread + 800, so every earlier sequence's terms fall below exp(−800) of the current one's (0 in float64)
+    and drop out of the sum; the offset comes off after the scan, an error of about (margin · N) float64 ulps."""
     # the running log-normalizer is a scan in float64: at |w| ~ 1e4 float32 spacing (~1e-3) would blur w - z
     out_dt = torch.float64 if w.dtype == torch.float64 else torch.float32
-    wp = layout.pad(w.double())  # pads go last: they never reach a real step
-    if z0 is not None:
-        wp = torch.cat([z0.to(wp.dtype).unsqueeze(1), wp], 1)
-    z = scan_time(wp, lambda y: torch.logcumsumexp(y, -1))
-    if z0 is not None:
-        wp, z = wp[:, 1:], z[:, 1:]
-    phi = layout.unpad((wp - z).exp()).to(out_dt)
-    zT = layout.last_of(z).to(out_dt)
+    wd = w.double()
+    B, T = w.shape[:2]
+    if cu_seqlens is None:
+        z = scan_time(wd, lambda y: torch.logcumsumexp(y, -1))
+        ends, seq = None, None
+    else:
+        cu = cu_seqlens.to(device=w.device, dtype=torch.long)
+        seq = torch.repeat_interleave(torch.arange(cu.numel() - 1, device=w.device), cu[1:] - cu[:-1], output_size=T)
+        finite = wd.detach().nan_to_num(0.0, posinf=0.0, neginf=0.0)
+        offset = ((finite.amax() - finite.amin() + 800.0) * seq).view(1, T, 1, 1)
+        z = scan_time(wd + offset, lambda y: torch.logcumsumexp(y, -1)) - offset
+        ends = cu[1:] - 1
+    if z0 is not None:  # z0 [N, H, m] before every step of its sequence
+        z = torch.logaddexp(z, z0.to(z.dtype).unsqueeze(1) if seq is None else z0.to(z.dtype)[seq].unsqueeze(0))
+    phi = (wd - z).exp().to(out_dt)
+    zT = (z[:, -1] if ends is None else z[0, ends]).to(out_dt)
     return phi, zT
 
 
