@@ -2,6 +2,7 @@
 (no graph break) and gives the eager numbers, forward and gradients."""
 import pytest
 import torch
+import torch.nn.functional as F
 
 import ula
 from ula.core import backends
@@ -233,3 +234,68 @@ def test_packed_abc_traces_fullgraph():
             results.append([loss] + [x.grad.clone() for x in (q, k, v, w)])
         for a, b in zip(*results):
             assert rel(b, a) < 1e-5, bounds
+
+
+def test_packed_normalized_torch_path_traces_fullgraph():
+    """On the PyTorch path (backend="torch", as for float64) normalized attention's epilogue forms each sequence's
+    running sums from one cumsum over all tokens (ula/ops/normalized.py), with no read of cu_seqlens' values, so a
+    packed call traces with fullgraph=True with boundaries changing between calls; as eager, with an initial and a
+    final state."""
+    q, k, v = (torch.randn(1, 40, 2, 16, requires_grad=True) for _ in range(3))
+
+    def model(q, k, v, cu, S0):
+        o, S = ula.normalized_linear_attention(q, k, v, 0.5, 2.0, initial_state=S0, output_final_state=True,
+                                               cu_seqlens=cu, backend="torch")
+        return o.square().mean() + S.square().mean()
+    torch._dynamo.reset()
+    compiled = torch.compile(model, fullgraph=True, backend="aot_eager")
+    for bounds in ([0, 13, 40], [0, 30, 40], [0, 5, 22, 40]):
+        cu = torch.tensor(bounds)
+        S0 = torch.randn(len(bounds) - 1, 2, 17, 17)
+        results = []
+        for fn in (model, compiled):
+            for x in (q, k, v):
+                x.grad = None
+            loss = fn(q, k, v, cu, S0)
+            loss.backward()
+            results.append([loss] + [x.grad.clone() for x in (q, k, v)])
+        for a, b in zip(*results):
+            assert rel(b, a) < 1e-5, bounds
+
+
+def _packed_ops():
+    T, H, K = 40, 2, 16
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, T, H, K, generator=g) for _ in range(3))
+    gv = F.logsigmoid(torch.randn(1, T, H, K, generator=g) + 3)
+    gs = F.logsigmoid(torch.randn(1, T, H, generator=g) + 3)
+    i, f = torch.randn(2, 1, T, H, generator=g)
+    s = torch.randn(1, T, H, 8, generator=g)
+    A = -torch.rand(H, generator=g)
+    return {
+        "core_none": lambda kw: ula.linear_attention(q, k, v, **kw)[0],
+        "core_scalar": lambda kw: ula.linear_attention(q, k, v, gs, **kw)[0],
+        "core_vector": lambda kw: ula.linear_attention(q, k, v, gv, **kw)[0],
+        "gla": lambda kw: ula.gla(q, k, v, gv, **kw)[0],
+        "mlstm_exp": lambda kw: ula.mlstm(q, k, v, i, f, **kw)[0],
+        "mlstm_sig": lambda kw: ula.mlstm(q, k, v, i, f, variant="sig", **kw)[0],
+        "normalized": lambda kw: ula.normalized_linear_attention(q, k, v, **kw)[0],
+        "gsa": lambda kw: ula.gsa(q, k, v, s, F.logsigmoid(s + 3), **kw)[0],
+        "abc": lambda kw: ula.abc(q, k, v, s, **kw)[0],
+        "linear_attn": lambda kw: ula.linear_attn(q, k, v, **kw)[0],
+        "retention": lambda kw: ula.retention(q, k, v, **kw)[0],
+        "mamba2": lambda kw: ula.mamba2(q, k, v, F.softplus(i), A, **kw)[0],
+        "hgrn2": lambda kw: ula.hgrn2(q, v, gv, **kw)[0],
+    }
+
+
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+@pytest.mark.parametrize("name", sorted(_packed_ops()))
+def test_every_op_packed_traces_fullgraph(name, backend):
+    """Every op (README's table), packed, traces with fullgraph=True on both paths (no read of cu_seqlens' values
+    in a trace), and the compiled call gives the eager output."""
+    fn = _packed_ops()[name]
+    kw = dict(cu_seqlens=torch.tensor([0, 13, 40]), backend=backend)
+    torch._dynamo.reset()
+    got = torch.compile(lambda: fn(kw), fullgraph=True, backend="aot_eager")()
+    assert rel(got, fn(kw)) < 1e-6

@@ -35,7 +35,7 @@ from ..core.checks import check_device, check_linear_attention
 from ..core.ones import fast_path, linear_attention_with_ones, with_ones_column
 from ..core.time_scan import scan_time
 from ._checks import check_sequence, check_step_qkv, check_step_state, num_sequences
-from ._common import PackedLayout, _step, decay_dtype
+from ._common import _step, decay_dtype
 
 
 def _check_coefs(op, a, b, q):
@@ -99,32 +99,52 @@ def _divide(num, den, eps):
     return num / den
 
 
+def _running_sums(v, cu_seqlens, dd):
+    """Per sequence Z_t = Σ_{n<=t} v_n in dd and the count of steps C_t in float64 ([B, T, H]), the sequence of
+    each token (None without cu_seqlens) and each sequence's last step. Packed, with no padding and no read of
+    cu_seqlens' values (a torch.compile trace cannot read them): the cumsum over all tokens in float64, minus its
+    value before each sequence's first step."""
+    B, T, H = v.shape[:3]
+    steps = torch.arange(T, device=v.device)
+    if cu_seqlens is None:
+        zc = (steps + 1).to(torch.float64).view(1, T, 1).expand(B, T, H)
+        return scan_time(v.to(dd), lambda y: y.cumsum(-1)), zc, None, None
+    cu = cu_seqlens.to(device=v.device, dtype=torch.long)
+    seq = torch.repeat_interleave(torch.arange(cu.numel() - 1, device=v.device), cu[1:] - cu[:-1], output_size=T)
+    start = cu[:-1][seq]
+    total = scan_time(v.double(), lambda y: y.cumsum(-1))
+    before = torch.cat([total.new_zeros(total[:, :1].shape), total[:, :-1]], 1)[:, start]
+    zc = (steps - start + 1).to(torch.float64).view(1, T, 1).expand(1, T, H)
+    return (total - before).to(dd), zc, seq, cu[1:] - 1
+
+
 def _epilogue_torch(o, den, v, a, z0, c0, eps, cu_seqlens, final):
     """The epilogue in PyTorch (backend="torch", float64 inputs; the reference of ._normalized_epilogue, which
     has the same contract): per sequence, Z_t = z0 + Σ_{n<=t} v_n, C_t = c0 + count of steps,
     out = (o + a Z) / clamp_sign(den + a C, eps) in v's dtype, and (Z, C) at each sequence's last step when
     `final`. a: a float or a tensor broadcastable to [H, 1]; z0 [N, H, V], c0 [N, H] or None."""
     dd = torch.float64 if torch.float64 in (o.dtype, v.dtype) else torch.float32
-    lay = PackedLayout.of(cu_seqlens, v.shape[1], v.device)
     a_part = not (isinstance(a, float) and a == 0.0)  # a = 0: the sums only for the final state
     if a_part or final:
-        zv = scan_time(lay.pad(v.to(dd)), lambda y: y.cumsum(-1))  # [N, L, H, V]
         # C and den + a C in float64 (one value per row): near 0 the sum cancels, and float32 rounding there
         # is an error that the division multiplies.
-        zc = torch.arange(1, zv.shape[1] + 1, device=v.device, dtype=torch.float64).view(1, -1, 1)
-        zc = zc.expand(zv.shape[:3])
+        zv, zc, seq, ends = _running_sums(v, cu_seqlens, dd)
+        per_step = lambda x: x.unsqueeze(1) if seq is None else x[seq].unsqueeze(0)  # noqa: E731 ([N, ...] -> steps)
         if z0 is not None:
-            zv = zv + z0.to(dd).unsqueeze(1)
+            zv = zv + per_step(z0.to(dd))
         if c0 is not None:
-            zc = zc + c0.to(torch.float64).unsqueeze(1)
+            zc = zc + per_step(c0.to(torch.float64))
     num = o.to(dd)
     den = den.to(dd)
     if a_part:
-        num = num + (a if isinstance(a, float) else a.to(dd)) * lay.unpad(zv)
+        num = num + (a if isinstance(a, float) else a.to(dd)) * zv
         a64 = a if isinstance(a, float) else a.to(torch.float64).squeeze(-1)
-        den = (den.to(torch.float64) + a64 * lay.unpad(zc)).to(dd)
+        den = (den.to(torch.float64) + a64 * zc).to(dd)
     out = _divide(num, den.unsqueeze(-1), eps).to(v.dtype)
-    return out, ((lay.last_of(zv), lay.last_of(zc).to(dd)) if final else None)
+    if not final:
+        return out, None
+    last = lambda x: x[:, -1] if ends is None else x[0, ends]  # noqa: E731
+    return out, (last(zv), last(zc).to(dd))
 
 
 def normalized_linear_attention(q, k, v, a=1.0, b=1.0, *, qk_l2_norm=True, eps=1e-6, initial_state=None,
