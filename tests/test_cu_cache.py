@@ -74,8 +74,9 @@ def test_inference_tensor_is_read_each_call(reads):
 
 
 def test_families_build_one_packed_layout(monkeypatch):
-    """mLSTMexp, normalized attention and ABC (GSA without g) in PyTorch, forward and backward, on one cu_seqlens: the
-    families' per-token map (PackedLayout) is built once, and again for a new tensor."""
+    """Two mLSTMexp calls in PyTorch (two layers of a model), forward and backward, and normalized attention and GSA
+    beside them, on one cu_seqlens: the families' per-token map (PackedLayout, which only mLSTMexp's PyTorch gate
+    scan still pads with) is built once, and again for a new tensor."""
     built = []
     real = PackedLayout.__init__
 
@@ -88,6 +89,7 @@ def test_families_build_one_packed_layout(monkeypatch):
     f = torch.randn(B, T, H)
     for cu in (torch.tensor([0, 9, 30, 41]), torch.tensor([0, 9, 30, 41])):
         outs = [ula.mlstm(q, k, v, f, f + 2, cu_seqlens=cu, backend="torch")[0],
+                ula.mlstm(q, k, v, f + 1, f, cu_seqlens=cu, backend="torch")[0],
                 ula.normalized_linear_attention(q, k, v, cu_seqlens=cu, backend="torch")[0],
                 ula.gsa(q, k, v, torch.randn(B, T, H, 8), None, cu_seqlens=cu, backend="torch")[0]]
         sum(o.sum() for o in outs).backward()
