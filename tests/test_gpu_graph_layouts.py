@@ -67,15 +67,24 @@ def test_core_layouts_first_built_in_a_capture(chunk_size):
     _check_captured_then_eager(step, ("o", "dq", "dk", "dv", "dld"))
 
 
-def test_families_packed_layout_first_built_in_a_capture():
-    """The families' per-token map (PackedLayout) of ABC's cumulative softmax over slots, forward and backward."""
+@pytest.mark.parametrize("family", ["mlstm_exp_torch", "abc"])
+def test_families_packed_layout_first_built_in_a_capture(family):
+    """mLSTMexp on the PyTorch path pads its gate scan with the families' per-token map (PackedLayout), forward and
+    backward; ABC's cumulative softmax (one scan over all tokens since session 34, nothing kept) is checked the same
+    way. (Until session 34 this test called gsa(s=w, g=None), which builds no PackedLayout.)"""
     q, k, v, _ = _inputs()
-    w = torch.randn(1, T, H, 8, device=DEVICE).requires_grad_()
+    g = torch.Generator(device=DEVICE).manual_seed(1)
+    w = torch.randn(1, T, H, 8, device=DEVICE, generator=g).requires_grad_()
+    i, f = (torch.randn(1, T, H, device=DEVICE, generator=g).requires_grad_() for _ in range(2))
 
     def step(cu):
-        o, _ = ula.gsa(q, k, v, w, None, cu_seqlens=cu)
-        return [o, *torch.autograd.grad(o.float().sum(), (q, k, v, w))]
-    _check_captured_then_eager(step, ("o", "dq", "dk", "dv", "dw"))
+        if family == "abc":
+            o, _ = ula.abc(q, k, v, w, cu_seqlens=cu)
+            return [o, *torch.autograd.grad(o.float().sum(), (q, k, v, w))]
+        o, _ = ula.mlstm(q, k, v, i, f + 3, cu_seqlens=cu, backend="torch")
+        return [o, *torch.autograd.grad(o.float().sum(), (q, k, v, i, f))]
+    names = ("o", "dq", "dk", "dv") + (("dw",) if family == "abc" else ("di", "df"))
+    _check_captured_then_eager(step, names)
 
 
 def test_first_read_inside_a_capture_is_a_clear_error():
