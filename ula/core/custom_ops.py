@@ -1,7 +1,7 @@
 """Forward and backward functions registered as a pair of torch.library custom ops, the backward wired as the
 forward's autograd: opaque to torch.compile, which traces through their fake (meta) functions. The core (op.py),
-the column of ones (ones.py) and mLSTMexp's gate scan (ula/ops/_mlstm_gate_op.py) take them while compiling, so a
-trace runs the same kernels as an eager call.
+the column of ones (ones.py), mLSTMexp's gate scan (ula/ops/_mlstm_gate_op.py) and normalized attention's fused
+Function (ula/ops/_normalized_op.py) take them while compiling, so a trace runs the same kernels as an eager call.
 
 A call whose kernels' sizes come from cu_seqlens' values (read on the host) must not be kept in a CUDA graph: a
 replay would reuse one call's boundaries for every other. Such pairs are tagged cudagraph_unsafe, and torch.compile's

@@ -1,14 +1,14 @@
 """mLSTMexp's gate scan (ula/ops/_mlstm_gate_kernels.py) as a custom op pair (ula/core/custom_ops.py), taken while
 torch.compile traces: otherwise a trace compiles the PyTorch form, whose float64 cummax backward Inductor fused into
-a kernel that Triton 3.6 failed to compile (make_ttgir, on an H100 and an H200: benchmarks/results/
-pending34_h100_session34_part1.log).
+a kernel that Triton 3.6 failed to compile (make_ttgir, on an H100 and an H200; the kernel:
+benchmarks/results/session34_inductor_kernel_triton_failed.txt).
 
 The kernels size their grids from shapes alone, but packed, the op is still tagged cudagraph_unsafe like the core's
 packed op (custom_ops.py). Left in the CUDA graphs of mode="reduce-overhead", packed mLSTMexp's replays went wrong
 (2.5-3.1e-1 from eager on an H100) from the fourth call on (boundaries [0, 100, 256] twice, [0, 30, 256], then
 [0, 200, 256]: wrong, and wrong for every later call), while the gate op alone replayed exactly; the cause was not
-found. Out of the graphs, every
-replay matched eager (benchmarks/gpu_graph_mlstm_probe.py, results/pending34_h100_session34_part3.log)."""
+found. Out of the graphs, every replay matched eager (benchmarks/gpu_graph_mlstm_probe.py,
+results/pending34_h100_session34_part3.log)."""
 from typing import List, Optional, Tuple
 
 import torch
