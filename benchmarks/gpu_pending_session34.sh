@@ -8,7 +8,8 @@
 # Part 4: the GPU suite and the smoke's repeat part.
 # Part 5: normalized attention's Function as a custom op under torch.compile; compiled against eager speed.
 # Part 6: packed normalized attention compiled on its op (graphs), and the GPU suite at the final tree.
-# Run: OUT=... bash benchmarks/gpu_pending_session34.sh 1|2|3|4|5|6
+# Part 7 (for the next session): the final tree's GPU checks and compiled against eager in graph replays.
+# Run: OUT=... bash benchmarks/gpu_pending_session34.sh 1|2|3|4|5|6|7
 NAME=pending34
 . benchmarks/gpu_pending_common.sh
 export PYTHONPATH=.
@@ -52,5 +53,12 @@ fi
 if [ "$PART" = 6 ]; then  # packed normalized attention compiled on its op; the GPU suite at the final tree
   TMO=150 run python3 benchmarks/gpu_compile_checks.py --parts graphs
   TMO=240 run ULA_TEST_GPU=1 python3 -m pytest -q -n 8 -p no:cacheprovider tests -rfE
+fi
+if [ "$PART" = 7 ]; then  # not run in session 34 (no device time left): the checks of the final tree
+  TMO=120 run ULA_TEST_GPU=1 python3 -m pytest -q -p no:cacheprovider tests/test_gpu_graph_layouts.py -rfE
+  TMO=300 run ULA_TEST_GPU=1 python3 -m pytest -q -n 8 -p no:cacheprovider tests -rfE
+  TMO=150 run python3 benchmarks/gpu_smoke.py --parts repeat
+  TMO=240 run python3 benchmarks/gpu_compile_checks.py --parts graphs,ops
+  TMO=200 run python3 benchmarks/gpu_compile_speed.py
 fi
 tail -c 11000 "$LOG"
