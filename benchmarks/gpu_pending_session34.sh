@@ -60,5 +60,9 @@ if [ "$PART" = 7 ]; then  # not run in session 34 (no device time left): the che
   TMO=150 run python3 benchmarks/gpu_smoke.py --parts repeat
   TMO=240 run python3 benchmarks/gpu_compile_checks.py --parts graphs,ops
   TMO=200 run python3 benchmarks/gpu_compile_speed.py
+  for m in gla mlstm_exp normalized; do  # ula train --compile (inductor) against eager, 40 steps each
+    TMO=150 run python3 -m ula train --mixer $m --steps 40 --eval-every 40 --out "$OUT/train_$m"
+    TMO=200 run python3 -m ula train --mixer $m --steps 40 --eval-every 40 --compile --out "$OUT/train_${m}_compiled"
+  done
 fi
 tail -c 11000 "$LOG"

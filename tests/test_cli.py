@@ -74,6 +74,25 @@ def test_train_resume_is_exact_and_generate(tmp_path, capsys):
     assert capsys.readouterr().out.startswith("The ")
 
 
+def test_train_compile(tmp_path, capsys):
+    """--compile BACKEND: the training steps under torch.compile give the eager run's losses (aot_eager: the same
+    ops, traced); an unknown backend is an error naming the option and the backends there are."""
+    args = ["train", "--steps", "3", "--eval-every", "3", "--mixer", "mlstm_exp"] + TINY_TRAIN
+    assert main(args + ["--out", str(tmp_path / "eager")]) == 0
+    from torch._dynamo.utils import counters
+    counters.clear()
+    assert main(args + ["--compile", "aot_eager", "--out", str(tmp_path / "compiled")]) == 0
+    assert "compiled (aot_eager)" in capsys.readouterr().out
+    assert counters["stats"]["unique_graphs"] >= 1 and not counters["graph_break"], dict(counters["graph_break"])
+    eager, comp = (_json(tmp_path / n / "metrics.json")["history"]["train"] for n in ("eager", "compiled"))
+    assert len(eager) == len(comp) == 3
+    for (_, le, _), (_, lc, _) in zip(eager, comp):
+        assert abs(le - lc) <= 1e-5 * abs(le), (le, lc)
+    assert main(args + ["--compile", "no_such_backend", "--out", str(tmp_path / "bad")]) == 2
+    err = capsys.readouterr().err
+    assert "--compile" in err and "no_such_backend" in err and "inductor" in err
+
+
 def test_train_errors(tmp_path, capsys):
     assert main(["train", str(tmp_path / "nope.txt")] + TINY_TRAIN) == 2
     assert "does not exist" in capsys.readouterr().err

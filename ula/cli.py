@@ -268,6 +268,9 @@ def build_parser():
     t.add_argument("--context-parallel", type=int, metavar="N", help="under torchrun: N ranks share each batch of "
                    "sequences, each holding a contiguous slice of --seq-len (world size a multiple of N; mixers "
                    "gla, mlstm_exp, mlstm_sig; default 1: none)")
+    t.add_argument("--compile", nargs="?", const="inductor", metavar="BACKEND",
+                   help="torch.compile the training steps (backend inductor unless given, e.g. aot_eager); not with "
+                   "--context-parallel")
     t.add_argument("--resume", help="run folder or checkpoint folder to continue from exactly")
     t.add_argument("--device", default="auto", help="auto (GPU if any), cpu, cuda")
     t.add_argument("--threads", type=int, help="CPU threads")

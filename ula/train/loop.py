@@ -2,7 +2,7 @@
 
 AdamW (weight decay on matrices only), warm-up + cosine or WSD schedule, gradient clipping, bfloat16
 autocast on CUDA, validation loss in bits per byte, checkpoints that resume exactly, DDP under
-torchrun (the same command; each rank draws its own batches)."""
+torchrun (the same command; each rank draws its own batches), torch.compile of the training steps (--compile)."""
 import json
 import math
 import os
@@ -24,7 +24,8 @@ from .schedule import lr_factor
 MODEL_DEFAULTS = dict(mixer="gla", d_model=128, n_layers=2, n_heads=4)
 TRAIN_DEFAULTS = dict(steps=300, batch_size=16, seq_len=128, lr=2e-3, min_lr_ratio=0.1, warmup=30,
                       schedule="cosine", weight_decay=0.1, clip=1.0, eval_every=100, eval_batches=8,
-                      save_every=100, val_frac=0.05, seed=0, minutes=None, data=None, context_parallel=1)
+                      save_every=100, val_frac=0.05, seed=0, minutes=None, data=None, context_parallel=1,
+                      compile=None)
 MODEL_KEYS, TRAIN_KEYS = tuple(MODEL_DEFAULTS), tuple(TRAIN_DEFAULTS)
 
 
@@ -85,6 +86,19 @@ def resolve(given, saved=None):
     out.update(saved or {})
     out.update({k: v for k, v in given.items() if v is not None and k in out})
     return out
+
+
+def compiled(net, backend, cp):
+    """net under torch.compile with `backend` (--compile): every mixer traces whole (RESULTS.md, session 34)."""
+    if not backend:
+        return net
+    if cp.n > 1:
+        raise ConfigError("--compile does not combine with --context-parallel (its collectives run between the "
+                          "core's calls); drop one of them")
+    known = torch._dynamo.list_backends(exclude_tags=())
+    if backend not in known:
+        raise ConfigError(f"--compile: unknown torch.compile backend {backend!r}; one of {', '.join(sorted(known))}")
+    return torch.compile(net, backend=backend)
 
 
 def param_groups(model, wd):
@@ -150,14 +164,16 @@ def train(given, out_dir=None, resume=None, device="auto", quiet=False):
         opt.load_state_dict(trainer["optimizer"])
         start, history = trainer["step"], trainer["history"]
         ckpt.restore_rng(trainer["rng"])
-    net = cp.wrap(model, dev)
+    net = compiled(cp.wrap(model, dev), a["compile"], cp)  # validation and checkpoints use the model itself
     amp = torch.autocast("cuda", dtype=torch.bfloat16) if dev.type == "cuda" else nullcontext()
     # out_dir is made by the first checkpoint save, so a run whose model fails before then leaves no empty folder
+    compiled_how = f", compiled ({a['compile']})" if a["compile"] else ""
     if d.main and not quiet:
         print(f"ula train: {cfg.mixer}, d_model {cfg.d_model}, {cfg.n_layers} layers, {cfg.n_heads} heads, "
               f"{model.num_parameters() / 1e6:.2f}M parameters on {dev}"
               f"{f' x {d.world} ranks' if d.world > 1 else ''}"
-              f"{f' ({cp.n} per sequence: context parallel)' if cp.n > 1 else ''}; corpus {name}: "
+              f"{f' ({cp.n} per sequence: context parallel)' if cp.n > 1 else ''}"
+              f"{compiled_how}; corpus {name}: "
               f"{len(tr)} train / "
               f"{len(val)} validation bytes; steps {start}..{a['steps']}; out {out_dir}")
 
