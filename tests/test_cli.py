@@ -91,6 +91,10 @@ def test_train_compile(tmp_path, capsys):
     assert main(args + ["--compile", "no_such_backend", "--out", str(tmp_path / "bad")]) == 2
     err = capsys.readouterr().err
     assert "--compile" in err and "no_such_backend" in err and "inductor" in err
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("hello world " * 10)
+    assert main(args + ["--compile", str(corpus), "--out", str(tmp_path / "bad")]) == 2
+    assert "the data argument went to --compile" in capsys.readouterr().err
 
 
 def test_train_errors(tmp_path, capsys):

@@ -97,7 +97,10 @@ def compiled(net, backend, cp):
                           "core's calls); drop one of them")
     known = torch._dynamo.list_backends(exclude_tags=())
     if backend not in known:
-        raise ConfigError(f"--compile: unknown torch.compile backend {backend!r}; one of {', '.join(sorted(known))}")
+        hint = (f" ({backend!r} is a path: the data argument went to --compile; put it first, or write "
+                f"--compile=inductor)" if os.path.exists(backend) else "")
+        raise ConfigError(f"--compile: unknown torch.compile backend {backend!r}; one of "
+                          f"{', '.join(sorted(known))}{hint}")
     return torch.compile(net, backend=backend)
 
 
