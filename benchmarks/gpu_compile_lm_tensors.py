@@ -11,6 +11,7 @@ import torch
 
 from ula.layers import MIXERS
 from ula.models import CausalLM, LMConfig
+from compare import rel
 
 dev = "cuda" if torch.cuda.is_available() else "cpu"  # cpu: a dry run of the script
 
@@ -22,10 +23,6 @@ def run(model, ids, autocast, fn=None):
         logits = (model if fn is None else fn)(ids)[0]
     logits.double().logsumexp(-1).mean().backward()
     return {"logits": logits.detach().double()} | {n: p.grad.double() for n, p in model.named_parameters()}
-
-
-def err(x, r):
-    return ((x - r).norm() / r.norm().clamp_min(1e-300)).item()
 
 
 def probe(mixer):
@@ -43,9 +40,9 @@ def probe(mixer):
     torch._dynamo.reset()
     comp = run(model, ids, True, torch.compile(model))
     total = sum(r.norm() ** 2 for n, r in ref.items() if n != "logits").sqrt().item()
-    rows = sorted(((err(comp[n], r), err(eager[n], r), r.norm().item() / total, n) for n, r in ref.items()),
+    rows = sorted(((rel(comp[n], r), rel(eager[n], r), r.norm().item() / total, n) for n, r in ref.items()),
                   reverse=True)
-    worst_e = max(err(eager[n], r) for n, r in ref.items())
+    worst_e = max(rel(eager[n], r) for n, r in ref.items())
     print(f"{mixer}: compiled worst {rows[0][0]:.1e}, eager worst {worst_e:.1e}", flush=True)
     for c, e, share, n in rows[:4]:
         print(f"    {n}: compiled {c:.1e} eager {e:.1e} (|grad| share {share:.1e})", flush=True)

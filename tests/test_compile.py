@@ -33,6 +33,24 @@ def test_fullgraph_compile_matches_eager(kind):
         assert rel(b, a) < 1e-6
 
 
+def _check_as_eager(model, compiled, leaves, *args, what=None):
+    """model(*args) and compiled(*args) (a loss): the loss and the gradients of `leaves` agree to 1e-5."""
+    results = []
+    for fn in (model, compiled):
+        for x in leaves:
+            x.grad = None
+        loss = fn(*args)
+        loss.backward()
+        results.append([loss] + [x.grad.clone() for x in leaves])
+    for a, b in zip(*results):
+        assert rel(b, a) < 1e-5, what
+
+
+def _compiled(model):
+    torch._dynamo.reset()
+    return torch.compile(model, fullgraph=True, backend="aot_eager")
+
+
 def test_op_is_registered():
     for name in ("linear_attention", "linear_attention_packed"):
         assert hasattr(torch.ops.ula, f"{name}_fwd") and hasattr(torch.ops.ula, f"{name}_bwd")
@@ -98,8 +116,7 @@ def test_trace_of_the_triton_path_only_reads_the_triton_check(monkeypatch):
 
     def model(q, k, v, ld):
         return ula.linear_attention(q, k, v, ld, backend="triton")[0]  # no chunk_size: the trace picks one
-    torch._dynamo.reset()
-    assert rel(torch.compile(model, fullgraph=True, backend="aot_eager")(q, k, v, ld), model(q, k, v, ld)) < 1e-6
+    assert rel(_compiled(model)(q, k, v, ld), model(q, k, v, ld)) < 1e-6
 
 
 @pytest.mark.parametrize("backend", ["triton", "torch"])
@@ -113,19 +130,9 @@ def test_packed_mlstm_exp_traces_fullgraph(backend):
     def model(q, k, v, i, f, cu):
         h, (C, n, m) = ula.mlstm(q, k, v, i, f + 3, backend=backend, cu_seqlens=cu, output_final_state=True)
         return h.square().mean() + C.sum() + n.sum() + m.sum()
-    torch._dynamo.reset()
-    compiled = torch.compile(model, fullgraph=True, backend="aot_eager")
+    compiled = _compiled(model)
     for bounds in ([0, 13, 40], [0, 30, 40], [0, 5, 22, 40]):
-        cu = torch.tensor(bounds)
-        results = []
-        for fn in (model, compiled):
-            for x in (q, k, v, i, f):
-                x.grad = None
-            loss = fn(q, k, v, i, f, cu)
-            loss.backward()
-            results.append([loss] + [x.grad.clone() for x in (q, k, v, i, f)])
-        for a, b in zip(*results):
-            assert rel(b, a) < 1e-5, bounds
+        _check_as_eager(model, compiled, (q, k, v, i, f), q, k, v, i, f, torch.tensor(bounds), what=bounds)
 
 
 @pytest.mark.parametrize("family,packed", [("mlstm_exp", False), ("mlstm_exp", True), ("normalized", False),
@@ -155,16 +162,7 @@ def test_families_compile_on_their_kernels(family, packed, monkeypatch):
             h, (C, n, m) = ula.mlstm(q, k, v, i, f + 3, backend="triton", output_final_state=True, cu_seqlens=cu)
             return h.square().mean() + C.sum() + n.sum() + m.sum()
         return ula.normalized_linear_attention(q, k, v, backend="triton", cu_seqlens=cu)[0].square().mean()
-    results = []
-    torch._dynamo.reset()
-    for fn in (model, torch.compile(model, fullgraph=True, backend="aot_eager")):
-        for x in leaves:
-            x.grad = None
-        loss = fn(q, k, v, i, f)
-        loss.backward()
-        results.append([loss] + [x.grad.clone() for x in leaves])
-    for a, b in zip(*results):
-        assert rel(b, a) < 1e-5
+    _check_as_eager(model, _compiled(model), leaves, q, k, v, i, f)
 
 
 @pytest.mark.parametrize("form", ["l2", "a_tensor_state", "a_tensor_state_packed"])
@@ -194,16 +192,7 @@ def test_normalized_compiles_on_its_fused_function(form, monkeypatch):
                                                output_final_state=True, backend="triton", chunk_size=16,
                                                cu_seqlens=cu)
         return o.square().mean() + S.square().mean()
-    results = []
-    torch._dynamo.reset()
-    for fn in (model, torch.compile(model, fullgraph=True, backend="aot_eager")):
-        for x in leaves:
-            x.grad = None
-        loss = fn(q, k, v)
-        loss.backward()
-        results.append([loss] + [x.grad.clone() for x in leaves])
-    for x, y in zip(*results):
-        assert rel(y, x) < 1e-5
+    _check_as_eager(model, _compiled(model), leaves, q, k, v)
     if packed:
         monkeypatch.undo()
         seen = _ula_ops_traced(lambda q, k, v: model(q, k, v), (q, k, v))
@@ -221,19 +210,9 @@ def test_packed_abc_traces_fullgraph():
     def model(q, k, v, w, cu):
         o, (S1, S2, z) = ula.abc(q, k, v, w, cu_seqlens=cu, output_final_state=True)
         return o.square().mean() + S1.sum() + S2.sum() + z.sum()
-    torch._dynamo.reset()
-    compiled = torch.compile(model, fullgraph=True, backend="aot_eager")
+    compiled = _compiled(model)
     for bounds in ([0, 13, 40], [0, 30, 40], [0, 5, 22, 40]):
-        cu = torch.tensor(bounds)
-        results = []
-        for fn in (model, compiled):
-            for x in (q, k, v, w):
-                x.grad = None
-            loss = fn(q, k, v, w, cu)
-            loss.backward()
-            results.append([loss] + [x.grad.clone() for x in (q, k, v, w)])
-        for a, b in zip(*results):
-            assert rel(b, a) < 1e-5, bounds
+        _check_as_eager(model, compiled, (q, k, v, w), q, k, v, w, torch.tensor(bounds), what=bounds)
 
 
 def test_packed_normalized_torch_path_traces_fullgraph():
@@ -247,20 +226,10 @@ def test_packed_normalized_torch_path_traces_fullgraph():
         o, S = ula.normalized_linear_attention(q, k, v, 0.5, 2.0, initial_state=S0, output_final_state=True,
                                                cu_seqlens=cu, backend="torch")
         return o.square().mean() + S.square().mean()
-    torch._dynamo.reset()
-    compiled = torch.compile(model, fullgraph=True, backend="aot_eager")
+    compiled = _compiled(model)
     for bounds in ([0, 13, 40], [0, 30, 40], [0, 5, 22, 40]):
-        cu = torch.tensor(bounds)
         S0 = torch.randn(len(bounds) - 1, 2, 17, 17)
-        results = []
-        for fn in (model, compiled):
-            for x in (q, k, v):
-                x.grad = None
-            loss = fn(q, k, v, cu, S0)
-            loss.backward()
-            results.append([loss] + [x.grad.clone() for x in (q, k, v)])
-        for a, b in zip(*results):
-            assert rel(b, a) < 1e-5, bounds
+        _check_as_eager(model, compiled, (q, k, v), q, k, v, torch.tensor(bounds), S0, what=bounds)
 
 
 def _packed_ops():
@@ -296,6 +265,5 @@ def test_every_op_packed_traces_fullgraph(name, backend):
     in a trace), and the compiled call gives the eager output."""
     fn = _packed_ops()[name]
     kw = dict(cu_seqlens=torch.tensor([0, 13, 40]), backend=backend)
-    torch._dynamo.reset()
-    got = torch.compile(lambda: fn(kw), fullgraph=True, backend="aot_eager")()
+    got = _compiled(lambda: fn(kw))()
     assert rel(got, fn(kw)) < 1e-6

@@ -9,6 +9,17 @@ CUDA graphs (mode="reduce-overhead") split the graph around them and run them wi
 import torch
 
 _UNSAFE = (torch.Tag.cudagraph_unsafe,) if hasattr(torch.Tag, "cudagraph_unsafe") else ()
+EMPTY = (0,)  # the shape of an absent output: custom ops cannot return None
+
+
+def or_empty(x, like):
+    """x, or an empty tensor like `like` where x is None."""
+    return like.new_empty(EMPTY) if x is None else x
+
+
+def fake_like(x, like, need=True):
+    """A fake function's output shaped as x, or empty (like `like`) where x is None or not needed."""
+    return x.new_empty(x.shape) if x is not None and need else like.new_empty(EMPTY)
 
 
 def define_pair(name, fwd, fwd_fake, bwd, bwd_fake, setup_context, grads, graph_safe=True):

@@ -22,7 +22,7 @@ from .autograd import canonical_left
 from .backends import chunk_fn, runs_triton
 from .checks import check_linear_attention
 from .chunk_layout import make_layout
-from .custom_ops import dense_and_packed
+from .custom_ops import EMPTY, dense_and_packed, fake_like
 
 
 def with_ones_column(v):
@@ -157,7 +157,6 @@ class _OnesFn(torch.autograd.Function):
 
 
 # The same forward and backward as custom ops (custom_ops.py), taken while torch.compile traces.
-_EMPTY = (0,)
 
 
 def _fwd_op(q: Tensor, k: Tensor, v: Tensor, ld: Optional[Tensor], u: Optional[Tensor], S0: Optional[Tensor],
@@ -182,12 +181,12 @@ def _bwd_op(q: Tensor, k: Tensor, v: Tensor, ld: Optional[Tensor], u: Optional[T
     g = _ones_backward(q.contiguous(), k.contiguous(), v.contiguous(), ld, u, S0, n0, do.contiguous(), dden, dS, dn,
                        scale, cu_seqlens, C, need_ld, prec)
     like = (q, k, v, ld, S0, u, n0)  # the order of _ones_backward's gradients
-    return [x.to(y.dtype).contiguous() if x is not None else q.new_empty(_EMPTY) for x, y in zip(g, like)]
+    return [q.new_empty(EMPTY) if x is None else x.to(y.dtype).contiguous() for x, y in zip(g, like)]
 
 
 def _bwd_fake(q, k, v, ld, u, S0, n0, do, dden, dS, dn, scale, cu_seqlens, C, need_ld, prec):
-    like = lambda x, need=True: x.new_empty(x.shape) if (x is not None and need) else q.new_empty(_EMPTY)  # noqa: E731
-    return [like(q), like(k), like(v), like(ld, need_ld), like(S0), like(u), like(n0)]
+    return [fake_like(q, q), fake_like(k, q), fake_like(v, q), fake_like(ld, q, need_ld), fake_like(S0, q),
+            fake_like(u, q), fake_like(n0, q)]
 
 
 def _setup(ctx, inputs, output):

@@ -16,10 +16,7 @@ from torch import Tensor
 from . import precision
 from .autograd import backward_pass, forward_pass
 from .backends import chunk_fn, runs_triton
-from .custom_ops import dense_and_packed
-
-_EMPTY = (0,)
-
+from .custom_ops import EMPTY, dense_and_packed, fake_like, or_empty
 
 def _state_dtype(q):
     return torch.float64 if q.dtype == torch.float64 else torch.float32
@@ -45,7 +42,7 @@ def _forward(q, k, v, ld, rd, h0, cu_seqlens, scale, reverse, chunk_size, backen
         o, S = forward_pass(F, q, k, v, ld, rd, h0, scale, cu_seqlens, reverse, chunk_size, kg)
     # outputs contiguous (as the fake implementation says) and not aliasing each other
     out = o.to(v.dtype).contiguous()
-    o_keep = o.contiguous() if _keeps_o(q, v, rd) else o.new_empty(_EMPTY)
+    o_keep = o.contiguous() if _keeps_o(q, v, rd) else o.new_empty(EMPTY)
     return out, S.to(_state_dtype(q)).contiguous(), o_keep
 
 
@@ -55,7 +52,7 @@ def _backward_impl(q, k, v, ld, rd, h0, o, do, dS, cu_seqlens, scale, reverse, c
     with precision.active(prec):
         grads = backward_pass(F, q, k, v, ld, rd, h0, o if o.numel() else None, do, dS, scale, cu_seqlens, reverse,
                               chunk_size, need_ld, need_rd, kg)
-    return [g.contiguous() if g is not None else q.new_empty(_EMPTY) for g in grads]
+    return [or_empty(g, q).contiguous() for g in grads]
 
 
 def _fwd_impl(q: Tensor, k: Tensor, v: Tensor, ld: Optional[Tensor], rd: Optional[Tensor], h0: Optional[Tensor],
@@ -69,7 +66,7 @@ def _fwd_fake(q, k, v, ld, rd, h0, cu_seqlens, scale, reverse, chunk_size, backe
     V = v.shape[-1]
     N = B if cu_seqlens is None else cu_seqlens.shape[0] - 1
     dt = _state_dtype(q)
-    o_keep = q.new_empty((B, T, H, V), dtype=dt) if _keeps_o(q, v, rd) else q.new_empty(_EMPTY, dtype=dt)
+    o_keep = q.new_empty((B, T, H, V), dtype=dt) if _keeps_o(q, v, rd) else q.new_empty(EMPTY, dtype=dt)
     return q.new_empty((B, T, H, V), dtype=v.dtype), q.new_empty((N, H, K, V), dtype=dt), o_keep
 
 
@@ -83,8 +80,8 @@ def _bwd_impl(q: Tensor, k: Tensor, v: Tensor, ld: Optional[Tensor], rd: Optiona
 
 def _bwd_fake(q, k, v, ld, rd, h0, o, do, dS, cu_seqlens, scale, reverse, chunk_size, backend, need_ld, need_rd, kg,
               prec):
-    like = lambda x, need=True: x.new_empty(x.shape) if (x is not None and need) else q.new_empty(_EMPTY)  # noqa: E731
-    return [like(q), like(k), like(v), like(ld, need_ld), like(rd, need_rd), like(h0), like(kg)]
+    return [fake_like(q, q), fake_like(k, q), fake_like(v, q), fake_like(ld, q, need_ld), fake_like(rd, q, need_rd),
+            fake_like(h0, q), fake_like(kg, q)]
 
 
 def _setup_context(ctx, inputs, output):

@@ -89,6 +89,13 @@ def decay_dtype(q):
     return torch.float64 if q.dtype == torch.float64 else torch.float32
 
 
+def token_sequences(cu_seqlens, T, device):
+    """(cu_seqlens as int64 on device, the sequence of each of the T packed tokens [T]), made on the device: no read
+    of cu_seqlens' values on the host."""
+    cu = cu_seqlens.to(device=device, dtype=torch.long)
+    return cu, torch.repeat_interleave(torch.arange(cu.numel() - 1, device=device), cu[1:] - cu[:-1], output_size=T)
+
+
 class PackedLayout:
     """Maps per-token tensors between the core's layout [B, T, H, ...] (B == 1 packed with cu_seqlens)
     and a padded one [N, L, H, ...] with one row per sequence, so per-sequence scans (cumsum, cummax,
@@ -112,10 +119,9 @@ class PackedLayout:
         if not self.packed:
             return
         self._cu = weakref.ref(cu_seqlens)  # weak: the cache's values must not keep cu_seqlens alive
-        cu = cu_seqlens.to(device=device, dtype=torch.long)
+        cu, self.seq = token_sequences(cu_seqlens, T, device)
         lens = cu[1:] - cu[:-1]
         self.N, self._L = lens.numel(), longest
-        self.seq = torch.repeat_interleave(torch.arange(self.N, device=device), lens, output_size=T)
         self.pos = torch.arange(T, device=device) - cu[:-1][self.seq]
         self.lens = lens
 

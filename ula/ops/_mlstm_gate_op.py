@@ -14,10 +14,8 @@ from typing import List, Optional, Tuple
 import torch
 from torch import Tensor
 
-from ..core.custom_ops import dense_and_packed
+from ..core.custom_ops import dense_and_packed, fake_like, or_empty
 from ._mlstm_gate_kernels import _backward, _forward
-
-_EMPTY = (0,)
 
 
 def _fwd(i: Tensor, f: Tensor, m0: Optional[Tensor], cu: Optional[Tensor],
@@ -37,12 +35,12 @@ def _fwd_fake(i, f, m0, cu, out_dtype):
 def _bwd(f: Tensor, code: Tensor, cu: Optional[Tensor], gldp: Optional[Tensor], glogw: Optional[Tensor],
          gm: Optional[Tensor], gmT: Optional[Tensor], m0: Optional[Tensor], i_dtype: torch.dtype) -> List[Tensor]:
     di, df, dm0 = _backward(f, code, cu, gldp, glogw, gm, gmT, None if m0 is None else (m0.dtype, m0.shape), i_dtype)
-    return [di, df, dm0 if dm0 is not None else f.new_empty(_EMPTY)]
+    return [di, df, or_empty(dm0, f)]
 
 
 def _bwd_fake(f, code, cu, gldp, glogw, gm, gmT, m0, i_dtype):
     return [f.new_empty(f.shape, dtype=i_dtype), f.new_empty(f.shape),
-            m0.new_empty(m0.shape) if m0 is not None else f.new_empty(_EMPTY)]
+            fake_like(m0, f)]
 
 
 def _setup(ctx, inputs, output):

@@ -10,15 +10,8 @@ from typing import List, Optional, Tuple
 import torch
 from torch import Tensor
 
-from ..core.custom_ops import dense_and_packed
+from ..core.custom_ops import EMPTY, dense_and_packed, fake_like, or_empty
 from ._normalized_fused import _backward, _forward
-
-_EMPTY = (0,)
-
-
-def _or_empty(x, like):
-    return like.new_empty(_EMPTY) if x is None else x
-
 
 def _carry_rows(B, T, C, cu):
     """The carry's rows: B chunks per row of T steps, or packed the bound T // C + N."""
@@ -34,12 +27,12 @@ def _fwd(q: Tensor, k: Tensor, v: Tensor, a: Optional[Tensor], S0: Optional[Tens
     q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
     out, S, n, zT, (_, k_used, rq, rk, _, den, carry) = _forward(q, k, v, a, S0, n0, z0, c0, a_val, scale, l2, eps,
                                                                  cu, C, prec, has_a)
-    f = v.new_empty(_EMPTY, dtype=torch.float32)
+    f = v.new_empty(EMPTY, dtype=torch.float32)
     if carry is not None and cu is not None:
         rows = _carry_rows(*v.shape[:2], C, cu)
         carry = torch.cat([carry, carry.new_zeros((rows - carry.shape[0],) + tuple(carry.shape[1:]))])
-    return (out, S, n, _or_empty(zT, f), k_used if l2 else k.new_empty(_EMPTY), _or_empty(rq, f), _or_empty(rk, f),
-            den, _or_empty(carry, f))
+    return (out, S, n, or_empty(zT, f), k_used if l2 else k.new_empty(EMPTY), or_empty(rq, f), or_empty(rk, f), den,
+            or_empty(carry, f))
 
 
 def _fwd_fake(q, k, v, a, S0, n0, z0, c0, a_val, scale, l2, eps, cu, C, prec, has_a):
@@ -49,7 +42,7 @@ def _fwd_fake(q, k, v, a, S0, n0, z0, c0, a_val, scale, l2, eps, cu, C, prec, ha
     f = lambda *shape: v.new_empty(shape, dtype=torch.float32)  # noqa: E731
     r = f(B, T, H) if l2 else f(0)
     return (v.new_empty((B, T, H, V)), f(N, H, K, V), f(N, H, K), f(N, H, V) if has_a else f(0),
-            k.new_empty(k.shape) if l2 else k.new_empty(_EMPTY), r, r.new_empty(r.shape), f(B, T, H),
+            fake_like(k, k, l2), r, r.new_empty(r.shape), f(B, T, H),
             f(_carry_rows(B, T, C, cu), H, V) if has_a else f(0))
 
 
@@ -60,16 +53,15 @@ def _bwd(v: Tensor, a: Optional[Tensor], S0: Optional[Tensor], n0: Optional[Tens
          need_da: bool) -> List[Tensor]:
     g = _backward(v, a, S0, n0, c0, q, k, rq, rk, out, den, carry, dout, dS, dn, dzT, a_val, scale, eps, cu, C,
                   prec, has_a, has_z0, need_da)
-    return [_or_empty(x, v) for x in g]
+    return [or_empty(x, v) for x in g]
 
 
 def _bwd_fake(v, a, S0, n0, c0, q, k, rq, rk, out, den, carry, dout, dS, dn, dzT, a_val, scale, eps, cu, C, prec,
               has_a, has_z0, need_da):
-    like = lambda x, need=True: x.new_empty(x.shape) if (x is not None and need) else v.new_empty(_EMPTY)  # noqa: E731
     N = v.shape[0] if cu is None else cu.shape[0] - 1
     z0_like = v.new_empty((N,) + tuple(v.shape[2:]), dtype=torch.float32) if has_z0 else None
-    return [like(q), like(k), like(v), like(a, need_da and a is not None and has_a), like(S0), like(n0), like(z0_like),
-            like(c0)]
+    return [fake_like(q, v), fake_like(k, v), fake_like(v, v), fake_like(a, v, need_da and has_a), fake_like(S0, v),
+            fake_like(n0, v), fake_like(z0_like, v), fake_like(c0, v)]
 
 
 def _setup(ctx, inputs, output):

@@ -22,7 +22,7 @@ from ..core.op import o_for_grad, run
 from ..core.precision import call_code, parse
 from ..core.time_scan import scan_time
 from ._checks import (check_float, check_sequence, check_state_tuple, check_step_qkv, num_sequences)
-from ._common import _step, decay_dtype
+from ._common import _step, decay_dtype, token_sequences
 
 
 def _check_gsa(op, q, v, s, g, state, N, dim, step, n_state=2, s_name="s"):
@@ -210,8 +210,7 @@ def _cumulative_softmax(w, z0, cu_seqlens):
         z = scan_time(wd, lambda y: torch.logcumsumexp(y, -1))
         ends, seq = None, None
     else:
-        cu = cu_seqlens.to(device=w.device, dtype=torch.long)
-        seq = torch.repeat_interleave(torch.arange(cu.numel() - 1, device=w.device), cu[1:] - cu[:-1], output_size=T)
+        cu, seq = token_sequences(cu_seqlens, T, w.device)
         finite = wd.detach().nan_to_num(0.0, posinf=0.0, neginf=0.0)
         offset = ((finite.amax() - finite.amin() + 800.0) * seq).view(1, T, 1, 1)
         z = scan_time(wd + offset, lambda y: torch.logcumsumexp(y, -1)) - offset

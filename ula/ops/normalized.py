@@ -35,7 +35,7 @@ from ..core.checks import check_device, check_linear_attention
 from ..core.ones import fast_path, linear_attention_with_ones, with_ones_column
 from ..core.time_scan import scan_time
 from ._checks import check_sequence, check_step_qkv, check_step_state, num_sequences
-from ._common import _step, decay_dtype
+from ._common import _step, decay_dtype, token_sequences
 
 
 def _check_coefs(op, a, b, q):
@@ -109,8 +109,7 @@ def _running_sums(v, cu_seqlens, dd):
     if cu_seqlens is None:
         zc = (steps + 1).to(torch.float64).view(1, T, 1).expand(B, T, H)
         return scan_time(v.to(dd), lambda y: y.cumsum(-1)), zc, None, None
-    cu = cu_seqlens.to(device=v.device, dtype=torch.long)
-    seq = torch.repeat_interleave(torch.arange(cu.numel() - 1, device=v.device), cu[1:] - cu[:-1], output_size=T)
+    cu, seq = token_sequences(cu_seqlens, T, v.device)
     start = cu[:-1][seq]
     total = scan_time(v.double(), lambda y: y.cumsum(-1))
     before = torch.cat([total.new_zeros(total[:, :1].shape), total[:, :-1]], 1)[:, start]
