@@ -30,7 +30,7 @@ import torch
 import torch.nn.functional as F
 
 from ..core.api import one_sequence_as_batch
-from ..core.backends import chunk_fn, runs_fused, runs_triton
+from ..core.backends import chunk_fn, runs_triton
 from ..core.checks import check_device, check_linear_attention
 from ..core.ones import fast_path, linear_attention_with_ones, with_ones_column
 from ..core.time_scan import scan_time
@@ -165,15 +165,16 @@ def normalized_linear_attention(q, k, v, a=1.0, b=1.0, *, qk_l2_norm=True, eps=1
         check_step_state("normalized_linear_attention", initial_state, (N, H, K + 1, v.shape[-1] + 1),
                          "[B, H, K + 1, V + 1] ([N, ...] with cu_seqlens)", name="initial_state", device=q.device)
     cu_seqlens = one_sequence_as_batch(q, cu_seqlens)
-    # the Triton backend (not float64, not under torch.compile): the L2 norm and the epilogue as fused kernels;
-    # under torch.compile the one Function of the main branch below as a custom op (ula/ops/_normalized_op.py)
-    fused = decay_dtype(q) == torch.float32 and runs_fused(backend, q.device)
-    as_op = torch.compiler.is_compiling() and decay_dtype(q) == torch.float32 and runs_triton(backend, q.device)
+    # the Triton backend (not float64): the main branch below is one Function, a custom op under torch.compile
+    # (ula/ops/_normalized_op.py); elsewhere the L2 norm and the epilogue are fused Functions, not under
+    # torch.compile (opaque to it; runs_fused's rule, without asking the backend twice)
+    triton = decay_dtype(q) == torch.float32 and runs_triton(backend, q.device)
+    fused = triton and not torch.compiler.is_compiling()
     K, V = k.shape[-1], v.shape[-1]
     S0 = initial_state
     init = None if S0 is None else (S0[:, :, :K, :V].contiguous(), S0[:, :, :K, V].contiguous())
     z0, c0 = (None, None) if S0 is None else (S0[:, :, K, :V], S0[:, :, K, V])
-    if (fused or as_op) and fast_path(q, v, None, backend, None):
+    if triton and fast_path(q, v, None, backend, None):
         # a float b is the core's scale, and with it the L2 norm's backward is formed by the core's dQ and dK passes
         # where a row fits one tile (ula/ops/_normalized_fused.py)
         from ..core.triton.output import project_fits
