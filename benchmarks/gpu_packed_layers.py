@@ -6,9 +6,9 @@ backward. This times forward+backward of L calls that share one cu_seqlens (as a
 triton.testing.do_bench, bf16, K=V=128, and the same tokens unpacked (B rows) where the lengths are equal.
 
     python3 benchmarks/gpu_packed_layers.py [--layers 4] [--shapes "16384+16384,8;2048x8,16"]
-        [--ops linear,gla,mlstm_exp,normalized]
+        [--ops linear,gla,mlstm_exp,normalized,abc] [--out packed_layers.json]
 
-A shape is "L1+L2+...,H" or "LxN,H" (N sequences of L). Writes $OUT/packed_layers.json with the device line and
+A shape is "L1+L2+...,H" or "LxN,H" (N sequences of L). Writes $OUT/<--out> with the device line and
 library versions, and prints a table."""
 import argparse
 import json
@@ -36,6 +36,8 @@ def layer_inputs(op, B, T, H, L, D=128):
         if op == "mlstm_exp":
             xs += [(torch.randn(B, T, H, device="cuda", generator=g) - 2).requires_grad_(),
                    (torch.randn(B, T, H, device="cuda", generator=g) + 4).requires_grad_()]
+        if op == "abc":  # 64 slots' logits
+            xs.append(torch.randn(B, T, H, 64, device="cuda", generator=g).to(torch.bfloat16).requires_grad_())
         out.append(xs)
     return out
 
@@ -49,6 +51,8 @@ def call(op, xs, cu):
         return ula.mlstm(*xs, variant="exp", cu_seqlens=cu)[0]
     if op == "normalized":
         return ula.normalized_linear_attention(*xs, cu_seqlens=cu)[0]
+    if op == "abc":
+        return ula.abc(*xs, cu_seqlens=cu)[0]
     raise ValueError(op)
 
 
@@ -85,6 +89,7 @@ def main():
     ap.add_argument("--layers", type=int, default=4)
     ap.add_argument("--shapes", default="16384+16384,8;2048x8,16")
     ap.add_argument("--ops", default="linear,gla,mlstm_exp,normalized")
+    ap.add_argument("--out", default="packed_layers.json", help="file name under $OUT")
     a = ap.parse_args()
     res = header()
     print(res["device"], res["torch"], res["triton"], flush=True)
@@ -101,7 +106,7 @@ def main():
             print(f"{shape} {op:10s} packed f / f+b {row['packed_fwd_ms']:.3f} / {row['packed_fb_ms']:.3f} ms"
                   + (f", rows {row['rows_fwd_ms']:.3f} / {row['rows_fb_ms']:.3f}" if "rows_fb_ms" in row else ""),
                   flush=True)
-            with open(os.path.join(os.environ.get("OUT", "/tmp"), "packed_layers.json"), "w") as fh:
+            with open(os.path.join(os.environ.get("OUT", "/tmp"), a.out), "w") as fh:
                 json.dump(res, fh, indent=1)
             torch.cuda.empty_cache()
 

@@ -45,6 +45,38 @@ def test_one_read_for_every_op_and_pass(reads):
     assert reads == [(0, 9, 30, 41)], reads
 
 
+def test_torch_path_reads_through_the_cache(reads, monkeypatch):
+    """The PyTorch path too (its chunk recurrence walks the sequences on the host): after one eager call on a
+    cu_seqlens, the core, GLA, mLSTMexp and normalized attention, forward and backward, read its values from nothing
+    but the cache, as a CUDA graph capture needs (session 35: `.tolist()` at every call failed in a capture).
+    Any other read of that tensor's values fails here. Results against float64."""
+    cu = torch.tensor([0, 9, 30, 41])
+    B, T, H, K = 1, 41, 2, 16
+    q, k, v = (torch.randn(B, T, H, K, dtype=torch.float64, requires_grad=True) for _ in range(3))
+    g = F.logsigmoid(torch.randn(B, T, H, K, dtype=torch.float64))
+    f = torch.randn(B, T, H, dtype=torch.float64)
+    ref = ula.linear_attention(q, k, v, g, cu_seqlens=cu, backend="reference")[0]
+    assert reads == [(0, 9, 30, 41)], reads
+
+    def guarded(name):
+        real = getattr(torch.Tensor, name)
+
+        def read(t, *a, **kw):
+            if t is cu:  # not an assert: pytest's report would print the tensor, which reads it again
+                raise AssertionError(f"cu_seqlens read on the host by .{name}() outside ula.core.cu_cache")
+            return real(t, *a, **kw)
+        monkeypatch.setattr(torch.Tensor, name, read)
+    for name in ("tolist", "item", "numpy", "__int__", "__index__", "__iter__"):
+        guarded(name)
+    o = ula.linear_attention(q, k, v, g, cu_seqlens=cu, backend="torch")[0]
+    assert (o - ref).abs().max() < 1e-10
+    outs = [o, ula.gla(q, k, v, g, cu_seqlens=cu, backend="torch")[0],
+            ula.mlstm(q, k, v, f, f + 2, cu_seqlens=cu, backend="torch")[0],
+            ula.normalized_linear_attention(q, k, v, cu_seqlens=cu, backend="torch")[0]]
+    sum(o.sum() for o in outs).backward()
+    assert reads == [(0, 9, 30, 41)], reads
+
+
 @pytest.mark.parametrize("how", ["in_place", "new_tensor"])
 def test_changed_boundaries_are_read_again(reads, how):
     """The same call after cu_seqlens changed (written in place, or a new tensor) takes the new boundaries: against

@@ -7,6 +7,9 @@ Intra-chunk work is batched over all chunks; only the state scan walks the chunk
 """
 import torch
 
+from .cu_cache import host_values
+
+
 def _cumsum_chunks(g, n, C):
     """[B, H, n*C, D] log decay -> inclusive cumulative sum inside each chunk, [B, H, n, C, D]."""
     return g.reshape(*g.shape[:2], n, C, g.shape[-1]).cumsum(-2)
@@ -146,7 +149,7 @@ def chunk_recurrence(q, k, v, gl=None, gr=None, *, scale=1.0, initial_state=None
     if cu_seqlens is None:
         o, S, border = _run(q, k, v, gl, gr, scale, h0, chunk_size, reverse)
     else:
-        bounds = cu_seqlens.tolist()
+        bounds = host_values(cu_seqlens)  # once per tensor, so a CUDA graph capture can take a warmed call
         outs, finals, borders = [], [], []
         for n in range(len(bounds) - 1):
             s, e = bounds[n], bounds[n + 1]

@@ -211,8 +211,9 @@ def _cumulative_softmax(w, z0, cu_seqlens):
         ends, seq = None, None
     else:
         cu, seq = token_sequences(cu_seqlens, T, w.device)
-        finite = wd.detach().nan_to_num(0.0, posinf=0.0, neginf=0.0)
-        offset = ((finite.amax() - finite.amin() + 800.0) * seq).view(1, T, 1, 1)
+        finite = w.detach().nan_to_num(0.0, posinf=0.0, neginf=0.0)  # in w's dtype: a quarter of float64's bytes
+        spread = finite.amax().double() - finite.amin().double()  # exact: both are values of w
+        offset = ((spread + 800.0) * seq).view(1, T, 1, 1)
         z = scan_time(wd + offset, lambda y: torch.logcumsumexp(y, -1)) - offset
         ends = cu[1:] - 1
     if z0 is not None:  # z0 [N, H, m] before every step of its sequence
