@@ -2,11 +2,12 @@
 relative error), one line per case with the error a user would see where it fails:
 - the core (no, scalar and vector decay; packed) and each family op, torch.compile(fullgraph=True);
 - a small language model with each mixer, torch.compile (default backend, Inductor), forward and backward;
-- packed calls of the core, mLSTMexp and normalized attention under mode="reduce-overhead" (Inductor's CUDA graphs)
+- packed calls of the core, mLSTMexp, normalized attention and ABC, and the core with cu_seqlens also used inside
+  the graph, under mode="reduce-overhead" (Inductor's CUDA graphs)
   and the default mode, with cu_seqlens a graph input whose boundaries change between steps at a fixed T: a CUDA
   graph replays the layout of its capture, so a replay with other boundaries would be silently wrong (since session
-  34 their ops run outside the graphs: ula/core/custom_ops.py).
-Run: PYTHONPATH=. python3 benchmarks/gpu_compile_checks.py [--parts ops,lm,graphs]"""
+  34 their ops run outside the graphs, since session 35 reading cu_seqlens afresh: ula/core/custom_ops.py).
+Run: PYTHONPATH=. python3 benchmarks/gpu_compile_checks.py [--parts ops,lm,graphs] [--graph-steps a,b] [--stale]"""
 import argparse
 
 import torch
@@ -81,15 +82,22 @@ def part_lm():
             check(f"lm {mixer}", lambda: m(ids)[0], params, lambda: cm(ids)[0])
 
 
-def part_graphs():
+def part_graphs(only=None):
     q, k, v = (x.detach() for x in leaves(*[(1, T, H, K)] * 3))
     ld = F.logsigmoid(torch.randn(1, T, H, device=dev) + 3)
     i, f = torch.randn(2, 1, T, H, device=dev)
+    w = torch.randn(1, T, H, 8, device=dev)
     steps = {"core": lambda cu: ula.linear_attention(q, k, v, ld, cu_seqlens=cu)[0],
              "mlstm exp": lambda cu: ula.mlstm(q, k, v, i, f + 3, cu_seqlens=cu)[0],
-             "normalized": lambda cu: ula.normalized_linear_attention(q, k, v, cu_seqlens=cu)[0]}
+             "normalized": lambda cu: ula.normalized_linear_attention(q, k, v, cu_seqlens=cu)[0],
+             # cu_seqlens consumed inside a graph too (ABC's softmax scan; a user's op): the ops between graphs then
+             # get the graph's copy of it, rewritten at every call without a version bump (session 35)
+             "abc": lambda cu: ula.abc(q, k, v, w, cu_seqlens=cu)[0],
+             "core+cu in the graph": lambda cu: ula.linear_attention(q, k, v, ld, cu_seqlens=cu)[0] + (cu[-1] - T)}
     for mode in ("reduce-overhead", "default"):
         for name, step in steps.items():
+            if only and name not in only:
+                continue
             torch._dynamo.reset()
             compiled = torch.compile(step, mode=mode, fullgraph=True)
             for bounds in ([0, 100, T], [0, 100, T], [0, 30, T], [0, 200, T], [0, 30, 90, T], [0, 100, T]):
@@ -105,8 +113,18 @@ def part_graphs():
 if __name__ == "__main__":
     ap = argparse.ArgumentParser()
     ap.add_argument("--parts", default="ops,lm,graphs")
-    want = ap.parse_args().parts.split(",")
+    ap.add_argument("--graph-steps", default="", help="graphs: only these steps (comma-separated names)")
+    ap.add_argument("--stale", action="store_true", help="graphs: ops between graphs trust the cache (before "
+                    "session 35's fix), to show what it fixed")
+    a = ap.parse_args()
+    want = a.parts.split(",")
+    if a.stale:
+        from ula.core import custom_ops
+        custom_ops.graph_trees_in_use = lambda: False
     print(torch.__version__, torch.cuda.get_device_name(), flush=True)
     for part in want:
         print(f"### {part}", flush=True)
-        {"ops": part_ops, "lm": part_lm, "graphs": part_graphs}[part]()
+        if part == "graphs":
+            part_graphs([x for x in a.graph_steps.split(",") if x])
+        else:
+            {"ops": part_ops, "lm": part_lm}[part]()

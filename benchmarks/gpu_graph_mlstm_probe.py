@@ -1,6 +1,8 @@
 """Packed mLSTMexp under torch.compile(mode="reduce-overhead") with boundaries that change between calls (session 34:
-one replay 2.5e-1 from eager): which piece goes stale. Each case against the same call eager, per output.
-Run: PYTHONPATH=. python3 benchmarks/gpu_graph_mlstm_probe.py"""
+one replay 2.5e-1 from eager): which piece goes stale. Each case against the same call eager, per output. Since
+session 35 the gate op is one untagged pair for both forms, so the last case is the default (the cause and the fix:
+gpu_graph_mlstm_probe3.py and 4, results/graph_trees_cu_h100_session35.txt).
+Run: PYTHONPATH=.:benchmarks python3 benchmarks/gpu_graph_mlstm_probe.py"""
 import torch
 import torch.nn.functional as F
 

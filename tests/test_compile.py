@@ -88,18 +88,40 @@ def test_packed_calls_stay_out_of_cuda_graphs(packed):
 
 
 @pytest.mark.parametrize("packed", [False, True], ids=["dense", "packed"])
-def test_packed_mlstm_exp_stays_out_of_cuda_graphs(packed):
-    """Packed mLSTMexp's gate scan and column of ones are tagged cudagraph_unsafe too (on an H100, replays with its
-    gate op left in the graphs went wrong: ula/ops/_mlstm_gate_op.py); dense, neither is."""
+def test_packed_mlstm_exp_cuda_graph_tags(packed):
+    """Packed mLSTMexp's column of ones is tagged cudagraph_unsafe (its grid comes from cu_seqlens' values); its gate
+    scan is not, in either form (its kernels read cu_seqlens on the device: ula/ops/_mlstm_gate_op.py)."""
     q, k, v = (torch.randn(1, 40, 2, 16) for _ in range(3))
     i, f = (torch.randn(1, 40, 2) for _ in range(2))
     cu = torch.tensor([0, 13, 40]) if packed else None
 
     def model(q, k, v, i, f):
         return ula.mlstm(q, k, v, i, f + 3, backend="triton", cu_seqlens=cu)[0].square().sum()
-    seen = [str(t) for t in _ula_ops_traced(model, (q, k, v, i, f)) if torch.Tag.cudagraph_unsafe in t.tags]
-    assert seen == (["ula.mlstm_exp_gates_packed_fwd.default", "ula.ones_packed_fwd.default",
-                     "ula.ones_packed_bwd.default", "ula.mlstm_exp_gates_packed_bwd.default"] if packed else [])
+    traced = _ula_ops_traced(model, (q, k, v, i, f))
+    seen = [str(t) for t in traced if torch.Tag.cudagraph_unsafe in t.tags]
+    assert seen == (["ula.ones_packed_fwd.default", "ula.ones_packed_bwd.default"] if packed else [])
+    assert {"ula.mlstm_exp_gates_fwd.default", "ula.mlstm_exp_gates_bwd.default"} <= {str(t) for t in traced}
+
+
+@pytest.mark.parametrize("trees", [False, True], ids=["no_graphs", "graph_trees"])
+def test_packed_ops_read_cu_seqlens_afresh_under_graph_trees(trees, monkeypatch):
+    """Between torch.compile's CUDA graphs, a packed op may get the graphs' copy of cu_seqlens: the same tensor at
+    every call, its memory rewritten without a version bump (on an H100, packed ABC 8.5e-1 from eager after its
+    boundaries changed, session 35). Modelled here by writing new boundaries through .data, which bumps no version
+    either: while graph trees are in use the compiled op follows them; without them it keeps the cached ones, which
+    is the case the fix covers."""
+    from ula.core import custom_ops
+    monkeypatch.setattr(custom_ops, "graph_trees_in_use", lambda: trees)
+    q, k, v = (torch.randn(1, 41, 2, 16, dtype=torch.float64) for _ in range(3))
+    cu = torch.tensor([0, 9, 41])
+    call = torch.compile(lambda cu: ula.linear_attention(q, k, v, cu_seqlens=cu, backend="torch")[0],
+                         backend="aot_eager", fullgraph=True)
+    call(cu)
+    cu.data.copy_(torch.tensor([0, 30, 41]))
+    assert cu._version == 0
+    want = ula.linear_attention(q, k, v, cu_seqlens=torch.tensor([0, 30, 41]), backend="reference")[0]
+    err = (call(cu) - want).abs().max().item()
+    assert (err < 1e-10) == trees, err
 
 
 def test_trace_of_the_triton_path_only_reads_the_triton_check(monkeypatch):

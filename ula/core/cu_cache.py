@@ -9,12 +9,30 @@ counter (through `.data`, or through a NumPy view of a CPU tensor) are not seen:
 made under torch.inference_mode() have no version counter and are read every time. A packed call captured in a CUDA
 graph (possible once its cu_seqlens was read before the capture) keeps the layout of the capture in every replay, as
 a graph keeps every size: capture again for other boundaries. A layout first built during a capture is not kept:
-its tensors hold values only once the graph is replayed, so a call after the capture builds its own."""
+its tensors hold values only once the graph is replayed, so a call after the capture builds its own.
+
+Inside `fresh()` nothing is taken from the cache or kept in it. torch.compile's CUDA graphs (mode="reduce-overhead")
+need it: where a graph consumes cu_seqlens, the ops run between graphs get the graph's copy of it, one tensor whose
+memory each call rewrites without bumping its version counter (ula/core/custom_ops.py)."""
+import contextlib
+import threading
 import weakref
 
 from . import capture
 
 _ENTRIES = {}  # id(tensor) -> (weak reference, version, {key: value})
+_FRESH = threading.local()
+
+
+@contextlib.contextmanager
+def fresh(on=True):
+    """With on: every value inside is built from cu_seqlens' values as they are now, and not kept."""
+    before = getattr(_FRESH, "on", False)
+    _FRESH.on = before or on
+    try:
+        yield
+    finally:
+        _FRESH.on = before
 
 
 def _version(cu):
@@ -29,7 +47,7 @@ def cached(cu, key, build, on_device=True):
     a reference to cu itself (the entry would keep the tensor alive). on_device: the value holds tensors that kernels
     fill, not kept when built during a CUDA graph capture (they are filled only by the graph's replays)."""
     version = _version(cu)
-    if version is None or (on_device and capture.capturing()):
+    if version is None or getattr(_FRESH, "on", False) or (on_device and capture.capturing()):
         return build()
     entry = _ENTRIES.get(id(cu))
     if entry is None or entry[0]() is not cu or entry[1] != version:

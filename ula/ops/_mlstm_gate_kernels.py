@@ -625,8 +625,8 @@ def mlstm_exp_gates(i, f, m0=None, cu_seqlens=None, out_dtype=torch.float64):
     cu = None if cu_seqlens is None else cu_seqlens.to(i.device)  # the core takes cu_seqlens on any device
     m0 = None if m0 is None else m0.contiguous()
     if torch.compiler.is_compiling():  # the same kernels as a custom op, opaque to the trace
-        from ._mlstm_gate_op import gates_fwd, gates_packed_fwd
-        return tuple((gates_fwd if cu is None else gates_packed_fwd)(i, f, m0, cu, out_dtype)[:4])
+        from ._mlstm_gate_op import gates_fwd
+        return tuple(gates_fwd(i, f, m0, cu, out_dtype)[:4])
     if i.is_cuda:  # a new configuration's four kernels compiled in parallel before its first run
         from ..core.triton.precompile import compile_in_parallel, grad_wanted
         grad = grad_wanted(i, f, m0)

@@ -3,18 +3,18 @@ torch.compile traces: otherwise a trace compiles the PyTorch form, whose float64
 a kernel that Triton 3.6 failed to compile (make_ttgir, on an H100 and an H200; the kernel:
 benchmarks/results/session34_inductor_kernel_triton_failed.txt).
 
-The kernels size their grids from shapes alone, but packed, the op is still tagged cudagraph_unsafe like the core's
-packed op (custom_ops.py). Left in the CUDA graphs of mode="reduce-overhead", packed mLSTMexp's replays went wrong
-(2.5-3.1e-1 from eager on an H100) from the fourth call on (boundaries [0, 100, 256] twice, [0, 30, 256], then
-[0, 200, 256]: wrong, and wrong for every later call), while the gate op alone replayed exactly; the cause was not
-found. Out of the graphs, every replay matched eager (benchmarks/gpu_graph_mlstm_probe.py,
-results/pending34_h100_session34_part3.log)."""
+The kernels size their grids from shapes alone and read cu_seqlens on the device, so packed calls take the same
+op, inside torch.compile's CUDA graphs (mode="reduce-overhead"). Session 34 had tagged it cudagraph_unsafe for packed
+calls: with it inside the graphs, packed mLSTMexp went wrong from the first replay on. The cause was the core's
+packed ops between the graphs (session 35, ula/core/custom_ops.py): they got the graphs' copy of cu_seqlens, whose
+memory each call rewrote without a version bump, so ula.core.cu_cache returned the first call's layout.
+"""
 from typing import List, Optional, Tuple
 
 import torch
 from torch import Tensor
 
-from ..core.custom_ops import dense_and_packed, fake_like, or_empty
+from ..core.custom_ops import define_pair, fake_like, or_empty
 from ._mlstm_gate_kernels import _backward, _forward
 
 
@@ -55,5 +55,4 @@ def _grads(ctx, gldp, glogw, gm, gmT, _gcode, bwd):
     return di, df, (dm0 if m0 is not None else None), None, None
 
 
-(gates_fwd, _), (gates_packed_fwd, _) = dense_and_packed("mlstm_exp_gates", _fwd, _fwd_fake, _bwd, _bwd_fake, _setup,
-                                                         _grads)
+gates_fwd, _ = define_pair("mlstm_exp_gates", _fwd, _fwd_fake, _bwd, _bwd_fake, _setup, _grads)
