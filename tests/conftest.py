@@ -45,6 +45,17 @@ def pytest_ignore_collect(collection_path, config):
     return None
 
 
+def pytest_collection_modifyitems(config, items):
+    """Files named on the command line are collected whatever pytest_ignore_collect says: with ULA_TEST_GPU=1 the
+    tests of those not written for the GPU are skipped (they would send CPU tensors to the compiled kernels)."""
+    if os.environ.get("ULA_TEST_GPU") != "1":
+        return
+    skip = pytest.mark.skip(reason="not written for the GPU: ULA_TEST_GPU=1 runs the files of conftest.GPU_FILES")
+    for item in items:
+        if item.path.name.startswith("test_") and item.path.name not in GPU_FILES:
+            item.add_marker(skip)
+
+
 @pytest.fixture
 def one_thread():
     """Tiny tensors: one intra-op thread is faster and, on a busy 2-core machine, avoids spinning threads."""

@@ -20,6 +20,10 @@ from ula.train.loop import param_groups
 
 MIXERS = ("gla", "mlstm_exp", "mlstm_sig")
 TOL = 1e-5
+# gradients: float32 sums of decay-gradient terms that cancel, added in another order across ranks. Over 8 seeds the
+# largest relative error was 4e-7 to 1.1e-6; seed 231053491 gave 1.1e-5 on GLA's two [16, 32] gate projections
+# (norm 0.02, a third of the largest gradient), loss and parameters equal. A wrong join is off by far more.
+GRAD_TOL = 1e-4
 
 
 def _given(mixer, seed, cp=None):
@@ -89,7 +93,8 @@ def test_one_step_with_context_parallel_2_equals_one_process(tmp_path, monkeypat
              "gradients": max((b - a).double().norm().item() / max(a.double().norm().item(), 1e-3 * top)
                               for a, b in zip(m1, m2))}
         errs[mixer] = {k: f"{v:.1e}" for k, v in e.items()}
-        assert all(v <= TOL for v in e.values()), f"seed {seed}, {mixer}: {errs[mixer]}"
+        assert all(v <= (GRAD_TOL if k == "gradients" else TOL) for k, v in e.items()), \
+            f"seed {seed}, {mixer}: {errs[mixer]}"
     print(errs)
 
 
