@@ -9,7 +9,7 @@ import torch
 from ula.layers import MIXERS
 from ula.ops import retnet_log_decay
 from ula.core import capture, cu_cache
-from ula.ops._common import PackedLayout
+from ula.ops._common import PackedTokens
 
 
 @pytest.fixture(params=[False, True], ids=["eager", "capturing"])
@@ -20,8 +20,8 @@ def capturing(request, monkeypatch):
 
 def test_cu_cache(capturing):
     cu = torch.tensor([0, 5, 12])
-    first = PackedLayout.of(cu, 12, cu.device)
-    assert (PackedLayout.of(cu, 12, cu.device) is first) != capturing
+    first = PackedTokens.of(cu, 12, cu.device)
+    assert (PackedTokens.of(cu, 12, cu.device) is first) != capturing
     assert first.seq.tolist() == [0] * 5 + [1] * 7
     assert cu_cache.host_values(cu) is cu_cache.host_values(cu)
 

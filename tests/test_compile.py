@@ -143,9 +143,9 @@ def test_trace_of_the_triton_path_only_reads_the_triton_check(monkeypatch):
 
 @pytest.mark.parametrize("backend", ["triton", "torch"])
 def test_packed_mlstm_exp_traces_fullgraph(backend):
-    """Packed mLSTMexp (its gate scan runs per sequence on a padded layout) traces with fullgraph=True, cu_seqlens a
-    graph input whose boundaries change between calls: a trace cannot read them, so each row is padded to T steps
-    there (ula/ops/_common.py); outputs, final states and gradients as eager."""
+    """Packed mLSTMexp traces with fullgraph=True, cu_seqlens a graph input whose boundaries change between calls
+    (its PyTorch gate scan restarts at each sequence without reading them: ula/ops/mlstm.py `_exp_scan`); outputs,
+    final states and gradients as eager."""
     q, k, v = (torch.randn(1, 40, 2, 16, requires_grad=True) for _ in range(3))
     i, f = (torch.randn(1, 40, 2, requires_grad=True) for _ in range(2))
 

@@ -11,7 +11,7 @@ import ula  # noqa: E402
 from helpers import compare_with_reference, fresh_seed, make_inputs  # noqa: E402
 from test_ops_refs import check  # noqa: E402
 from ula.core import cu_cache  # noqa: E402
-from ula.ops._common import PackedLayout  # noqa: E402
+from ula.ops._common import PackedTokens  # noqa: E402
 
 
 @pytest.fixture
@@ -105,17 +105,17 @@ def test_inference_tensor_is_read_each_call(reads):
     assert len(reads) >= 2 and set(reads) == {(0, 11, 30)}, reads
 
 
-def test_families_build_one_packed_layout(monkeypatch):
+def test_families_build_one_token_map(monkeypatch):
     """Two mLSTMexp calls in PyTorch (two layers of a model), forward and backward, and normalized attention and GSA
-    beside them, on one cu_seqlens: the families' per-token map (PackedLayout, which only mLSTMexp's PyTorch gate
-    scan still pads with) is built once, and again for a new tensor."""
+    beside them, on one cu_seqlens: the families' per-token map (PackedTokens, which mLSTMexp's PyTorch gate scan
+    takes) is built once, and again for a new tensor."""
     built = []
-    real = PackedLayout.__init__
+    real = PackedTokens.__init__
 
     def counted(self, cu, T, device):
         built.append(cu is not None)
         real(self, cu, T, device)
-    monkeypatch.setattr(PackedLayout, "__init__", counted)
+    monkeypatch.setattr(PackedTokens, "__init__", counted)
     B, T, H, K = 1, 41, 2, 16
     q, k, v = (torch.randn(B, T, H, K, requires_grad=True) for _ in range(3))
     f = torch.randn(B, T, H)
@@ -129,7 +129,7 @@ def test_families_build_one_packed_layout(monkeypatch):
 
 
 def test_softmax_layer_packed_reads_nothing(reads):
-    """The softmax layer only maps packed tokens to their sequence and position (PackedLayout's seq, pos): it never
+    """The softmax layer only maps packed tokens to their sequence and position (PackedTokens' seq, pos): it never
     reads cu_seqlens on the host (on a GPU, a wait for everything queued), and matches the sequences run apart."""
     from ula.layers import MIXERS
     layer = MIXERS["softmax"](32, 2)
@@ -144,7 +144,7 @@ def test_entries_go_with_their_tensor():
     """The cache holds no reference to a cu_seqlens tensor, nor do the layouts it keeps: its entry leaves with it."""
     cu = torch.tensor([0, 5, 12])
     assert cu_cache.host_values(cu) == (0, 5, 12)
-    assert PackedLayout.of(cu, 12, cu.device) is PackedLayout.of(cu, 12, cu.device)
+    assert PackedTokens.of(cu, 12, cu.device) is PackedTokens.of(cu, 12, cu.device)
     key = id(cu)
     assert key in cu_cache._ENTRIES
     del cu

@@ -11,7 +11,7 @@ from helpers import fresh_seed, rel
 
 pytest.importorskip("triton")
 
-from ula.ops._common import PackedLayout  # noqa: E402
+from ula.ops._common import PackedTokens  # noqa: E402
 from ula.ops._mlstm_gate_kernels import mlstm_exp_gates  # noqa: E402
 from ula.ops.mlstm import _exp_gates  # noqa: E402
 
@@ -29,7 +29,8 @@ def _run_gates(fused, i, f, m0, cu, gs, used=NAMES):
     """(outputs, gradients of i, f and m_0) of the kernel (fused) or of the PyTorch code, the upstream gradients gs
     on the outputs named in `used`."""
     leaves = [x.detach().clone().requires_grad_() if x is not None else None for x in (i, f, m0)]
-    outs = mlstm_exp_gates(*leaves, cu) if fused else _exp_gates(*leaves, PackedLayout(cu, i.shape[1], i.device))
+    outs = mlstm_exp_gates(*leaves, cu) if fused else _exp_gates(
+        *leaves, None if cu is None else PackedTokens(cu, i.shape[1], i.device))
     picked = [(o, g) for n, o, g in zip(NAMES, outs, gs) if n in used]
     live = [x for x in leaves if x is not None]
     grads = torch.autograd.grad([o for o, _ in picked], live, [g for _, g in picked], allow_unused=True)
@@ -151,7 +152,7 @@ def test_float32_strided_inputs(one_thread):
     leaves = [x.detach().clone().requires_grad_() for x in (i, f, m0)]
     leaves_r = [x.detach().double().requires_grad_() for x in (i, f, m0)]
     outs = mlstm_exp_gates(*leaves, cu, torch.float32)
-    ref = _exp_gates(*leaves_r, PackedLayout(cu, 45, i.device))
+    ref = _exp_gates(*leaves_r, PackedTokens(cu, 45, i.device))
     assert [o.dtype for o in outs] == [torch.float32, torch.float32, D, D]
     for a, b in zip(outs, ref):
         assert rel(a, b) <= 1e-7, seed

@@ -12,7 +12,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from ..core import capture
-from ..ops._common import PackedLayout
+from ..ops._common import PackedTokens
 from ._base import Mixer, check_divisible, merge_heads, split_heads
 
 
@@ -51,7 +51,7 @@ class SoftmaxAttentionLayer(Mixer):
         if cu_seqlens is not None:
             if state is not None:
                 raise ValueError("SoftmaxAttentionLayer: a KV cache cannot be combined with cu_seqlens")
-            packed = PackedLayout.of(cu_seqlens, T, x.device, narrow=True)  # each token's sequence and position
+            packed = PackedTokens.of(cu_seqlens, T, x.device)  # each token's sequence and position
             seq, pos = packed.seq, packed.pos
             idx = torch.arange(T, device=x.device)
             mask = (seq[:, None] == seq[None, :]) & (idx[:, None] >= idx[None, :])

@@ -1,12 +1,11 @@
-"""Helpers shared by the families: the one-token recurrent step (one fused kernel on CUDA), gate dtypes, packed
-<-> padded layout."""
+"""Helpers shared by the families: the one-token recurrent step (one fused kernel on CUDA), gate dtypes, each packed
+token's sequence."""
 import contextlib
-import weakref
 
 import torch
 
 from ..core.backends import runs_triton
-from ..core.cu_cache import cached, host_values
+from ..core.cu_cache import cached
 from ._checks import check_float, check_step_qkv, check_step_state
 
 
@@ -96,56 +95,21 @@ def token_sequences(cu_seqlens, T, device):
     return cu, torch.repeat_interleave(torch.arange(cu.numel() - 1, device=device), cu[1:] - cu[:-1], output_size=T)
 
 
-class PackedLayout:
-    """Maps per-token tensors between the core's layout [B, T, H, ...] (B == 1 packed with cu_seqlens)
-    and a padded one [N, L, H, ...] with one row per sequence, so per-sequence scans (cumsum, cummax,
-    logcumsumexp) are plain ops along dim 1. Without cu_seqlens both layouts are the same.
-    Build it with `PackedLayout.of`, which makes it once per cu_seqlens tensor (ula/core/cu_cache.py)."""
+class PackedTokens:
+    """Each token's place in a packed [1, T, ...] tensor (B == 1 with cu_seqlens), made from tensors alone (no read of
+    cu_seqlens' values, so it traces with torch.compile): seq [T] its sequence, first [T] that sequence's first
+    step, pos [T] its position in it, starts [T] whether it opens it; ends [N] each sequence's last step.
+    Build it with `PackedTokens.of`, once per cu_seqlens tensor (ula/core/cu_cache.py)."""
 
     @classmethod
-    def of(cls, cu_seqlens, T, device, narrow=False):
-        """narrow: the caller pads only narrow tensors ([B, T, H] at most) or none, so that in a torch.compile trace,
-        which cannot read cu_seqlens' values, every row may be padded to T steps (N times the packed size)."""
-        if cu_seqlens is None:
-            return cls(None, T, device)
-        if narrow and torch.compiler.is_compiling():
-            return cls(cu_seqlens, T, device, longest=T)
-        return cached(cu_seqlens, ("packed_layout", T, str(device)), lambda: cls(cu_seqlens, T, device))
+    def of(cls, cu_seqlens, T, device):
+        if torch.compiler.is_compiling():  # a trace's tensors hold no values to keep
+            return cls(cu_seqlens, T, device)
+        return cached(cu_seqlens, ("packed_tokens", T, str(device)), lambda: cls(cu_seqlens, T, device))
 
-    def __init__(self, cu_seqlens, T, device, longest=None):
-        """longest: the padded rows' length, by default the longest sequence's (read on the host at the first pad:
-        a caller that only maps tokens, like the softmax layer, never waits for the GPU here)."""
-        self.packed = cu_seqlens is not None
-        if not self.packed:
-            return
-        self._cu = weakref.ref(cu_seqlens)  # weak: the cache's values must not keep cu_seqlens alive
+    def __init__(self, cu_seqlens, T, device):
         cu, self.seq = token_sequences(cu_seqlens, T, device)
-        lens = cu[1:] - cu[:-1]
-        self.N, self._L = lens.numel(), longest
-        self.pos = torch.arange(T, device=device) - cu[:-1][self.seq]
-        self.lens = lens
-
-    @property
-    def L(self):
-        if self._L is None:
-            cu = self._cu()
-            if cu is None:  # an internal contract: the caller holds cu_seqlens while it uses the layout
-                raise RuntimeError("PackedLayout: its cu_seqlens tensor was freed before the first pad")
-            bounds = host_values(cu)  # once per cu_seqlens tensor (ula/core/cu_cache.py)
-            self._L = max(e - s for s, e in zip(bounds, bounds[1:]))
-        return self._L
-
-    def pad(self, x, fill=0.0):
-        if not self.packed:
-            return x
-        out = x.new_full((self.N, self.L) + tuple(x.shape[2:]), fill)
-        return out.index_put((self.seq, self.pos), x[0])
-
-    def unpad(self, x):
-        return x if not self.packed else x[self.seq, self.pos].unsqueeze(0)
-
-    def last_of(self, x):
-        """Value at the last step of each sequence, [N, ...], from the padded layout."""
-        if not self.packed:
-            return x[:, -1]
-        return x[torch.arange(self.N, device=x.device), self.lens - 1]
+        self.first = cu[:-1][self.seq]
+        self.pos = torch.arange(T, device=device) - self.first
+        self.starts = self.pos == 0
+        self.ends = cu[1:] - 1

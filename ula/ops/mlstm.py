@@ -25,7 +25,7 @@ The max state is a scan, but a closed form one: with F_t = Σ_{u<=t} logσ(f_u) 
     m_t = F_t + max(m_0, max_{s<=t} (i_s − F_s))
 (unrolling Eq. 1: m_t is the largest of m_0 + F_t and i_s + F_t − F_s, s <= t). So m is a cumsum and
 a cummax along time, done in float64 (F grows linearly with T; float64 keeps the differences i_s − F_s
-exact enough for any practical length), per sequence (cu_seqlens packs are padded for the scan).
+exact enough for any practical length), per sequence (packed: one scan over all tokens, `_exp_scan`).
 Gradients. The core sees only detached copies m̂ of the max state: keys k·exp(i − m̂), decays
 logσ(f) + m̂_{t-1} − m̂_t, and the initial state times exp(m_0 − m̂_0) (value 1). Its outputs are then
 (like its final state) exactly (Cᵀq, nᵀq)·exp(−m̂) as functions of i, f, m_0 and the rest, and a factor
@@ -50,7 +50,7 @@ from ..core.cu_cache import host_values
 from ..core.ones import linear_attention_with_ones, with_ones_column
 from ..core.time_scan import scan_time
 from ._checks import check_float, check_sequence, check_state_tuple, check_step_qkv, num_sequences
-from ._common import PackedLayout, _step, decay_dtype, state_dtype
+from ._common import PackedTokens, _step, decay_dtype, state_dtype
 
 VARIANTS = ("exp", "sig")
 
@@ -86,27 +86,46 @@ def _straight_through_nonpositive(x):
     return x - x.detach().clamp_min(0)
 
 
-def _exp_scan(i, f, layout):
-    """float64 padded logσ(f), i, F = cumsum logσ(f) and cummax(i − F) along time (from the first step given)."""
-    lf = layout.pad(F.logsigmoid(f.double()))
-    ip = layout.pad(i.double())
+def _exp_scan(i, f, tokens):
+    """float64 logσ(f), i, F = cumsum logσ(f) and cummax(i − F) along time, each restarted at every sequence's first
+    step (tokens: the PackedTokens of a packed call, else None). Packed, each is one scan over all tokens, with no
+    padding and no read of cu_seqlens' values: F less its value before the sequence, and for the cummax every
+    sequence's values raised by its index times a margin above their spread (so its first step tops every earlier
+    one), taken off after the scan: an error of about (margin · N) float64 ulps."""
+    lf, ip = F.logsigmoid(f.double()), i.double()
     Fc = scan_time(lf, lambda y: y.cumsum(-1))
-    return lf, ip, Fc, scan_time(ip - Fc, lambda y: y.cummax(-1).values)
+    if tokens is None:
+        return lf, ip, Fc, scan_time(ip - Fc, lambda y: y.cummax(-1).values)
+    Fc = Fc - (Fc - lf)[:, tokens.first]
+    x = ip - Fc
+    spread = x.detach().amax() - x.detach().amin()  # the gates are checked finite
+    offset = ((2.0 * spread + 1.0) * tokens.seq).view(1, -1, 1)
+    return lf, ip, Fc, scan_time(x + offset, lambda y: y.cummax(-1).values) - offset
 
 
-def _exp_gates(i, f, m0, layout, scan=None):
-    """float64 gate prep. i, f [B, T, H] (packed); m0 [N, H] or None; scan: `_exp_scan` of them if at hand.
-    Returns the core's log decay ld' and log input weight i - m̂ (m̂ detached), m [B, T, H] and m_T [N, H]
-    (live), all float64."""
-    lf, ip, Fc, M = scan if scan is not None else _exp_scan(i, f, layout)
-    M = torch.maximum(M, m0.double().unsqueeze(1)) if m0 is not None else M.clamp_min(0.0)
+def _exp_gates(i, f, m0, tokens, scan=None):
+    """float64 gate prep. i, f [B, T, H] (packed: tokens, its PackedTokens, else None); m0 [N, H] or None; scan:
+    `_exp_scan` of them if at hand. Returns the core's log decay ld' and log input weight i - m̂ (m̂ detached),
+    m [B, T, H] and m_T [N, H] (live), all float64."""
+    lf, ip, Fc, M = scan if scan is not None else _exp_scan(i, f, tokens)
+    before = None  # m before each step's sequence, per step
+    if m0 is not None:
+        before = m0.double()[tokens.seq].unsqueeze(0) if tokens is not None else m0.double().unsqueeze(1)
+    M = torch.maximum(M, before) if before is not None else M.clamp_min(0.0)
     m = Fc + M
     mh = m.detach()
-    m_prev = torch.cat([m0.double().detach().unsqueeze(1) if m0 is not None else torch.zeros_like(mh[:, :1]),
-                        mh[:, :-1]], 1)
+    before = before.detach() if before is not None else torch.zeros_like(mh[:, :1])
+    m_prev = torch.cat([before[:, :1], mh[:, :-1]], 1)
+    if tokens is not None:
+        m_prev = torch.where(tokens.starts.view(1, -1, 1), before, m_prev)
     ldp = _straight_through_nonpositive(lf + (m_prev - mh))
     logw = _straight_through_nonpositive(ip - mh)
-    return layout.unpad(ldp), layout.unpad(logw), layout.unpad(m), layout.last_of(m)
+    return ldp, logw, m, _last(m, tokens)
+
+
+def _last(x, tokens):
+    """x [B, T, H] at each sequence's last step, [N, H]."""
+    return x[:, -1] if tokens is None else x[0, tokens.ends]
 
 
 def _one(x):
@@ -170,7 +189,8 @@ def mlstm(q, k, v, i, f, variant="exp", *, eps=1e-6, scale=None, initial_state=N
         from ._mlstm_gate_kernels import mlstm_exp_gates
         ldp, logw, m, mT = mlstm_exp_gates(i, f, m0, cu_seqlens, decay_dtype(q))
     else:
-        ldp, logw, m, mT = _exp_gates(i, f, m0, PackedLayout.of(cu_seqlens, q.shape[1], q.device, narrow=True))
+        tokens = None if cu_seqlens is None else PackedTokens.of(cu_seqlens, q.shape[1], q.device)
+        ldp, logw, m, mT = _exp_gates(i, f, m0, tokens)
     return _exp_run(q, k, v, ldp, logw, m, mT, initial_state, eps, kw)
 
 
@@ -254,14 +274,14 @@ def _mlstm_exp_cp(q, k, v, i, f, eps, initial_state, group, kw):
     Np, Bs = len(me["pieces"]), (1 if c is not None else B)
 
     # this rank's pieces: (F_total, P, m_0 where the piece starts its sequence), gathered from every rank
-    offsets = cp.local_offsets(me, cu_seqlens)  # held while the layout is used (it reads them at its first pad)
-    layout = PackedLayout.of(offsets, T, q.device)
-    scan = _exp_scan(i, f, layout)
+    offsets = cp.local_offsets(me, cu_seqlens)
+    tokens = None if offsets is None else PackedTokens.of(offsets, T, q.device)
+    scan = _exp_scan(i, f, tokens)
     m0 = initial_state[2].double() if initial_state is not None else None
     zero = torch.zeros(Bs, H, dtype=torch.float64, device=q.device)
     first = [(m0[n:n + 1] if c is not None else m0) if st and m0 is not None else zero
              for (n, _, _), st in zip(me["pieces"], me["starts"])]
-    rows = torch.stack([layout.last_of(scan[2]).view(Np, Bs, H), layout.last_of(scan[3]).view(Np, Bs, H),
+    rows = torch.stack([_last(scan[2], tokens).view(Np, Bs, H), _last(scan[3], tokens).view(Np, Bs, H),
                         torch.stack(first)], -1)
     nrows = max(len(p["pieces"]) for p in plans)
     buf = torch.cat([rows.reshape(-1), rows.new_zeros((nrows - Np) * Bs * H * 3)])
@@ -277,7 +297,7 @@ def _mlstm_exp_cp(q, k, v, i, f, eps, initial_state, group, kw):
             if j == rank:
                 enter.append(m_in)
             run[n] = G[j, p, ..., 0] + torch.maximum(m_in, G[j, p, ..., 1])
-    ldp, logw, m, _ = _exp_gates(i, f, torch.cat(enter), layout, scan)
+    ldp, logw, m, _ = _exp_gates(i, f, torch.cat(enter), tokens, scan)
     mT = None
     if kw["output_final_state"]:
         mT = torch.cat([run[n] for n in range(N)]) if c is not None else run[0]
