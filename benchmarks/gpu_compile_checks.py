@@ -3,10 +3,10 @@ relative error), one line per case with the error a user would see where it fail
 - the core (no, scalar and vector decay; packed) and each family op, torch.compile(fullgraph=True);
 - a small language model with each mixer, torch.compile (default backend, Inductor), forward and backward;
 - packed calls of the core, mLSTMexp, normalized attention and ABC, and the core with cu_seqlens also used inside
-  the graph, under mode="reduce-overhead" (Inductor's CUDA graphs)
-  and the default mode, with cu_seqlens a graph input whose boundaries change between steps at a fixed T: a CUDA
-  graph replays the layout of its capture, so a replay with other boundaries would be silently wrong (since session
-  34 their ops run outside the graphs, since session 35 reading cu_seqlens afresh: ula/core/custom_ops.py).
+  the graph, under mode="reduce-overhead" (Inductor's CUDA graphs) and the default mode, output and gradients, with
+  cu_seqlens a graph input whose boundaries change between steps at a fixed T: a CUDA graph replays the layout of
+  its capture, so a replay with other boundaries would be silently wrong (since session 34 their ops run outside
+  the graphs, since session 35 reading cu_seqlens afresh: ula/core/custom_ops.py).
 Run: PYTHONPATH=. python3 benchmarks/gpu_compile_checks.py [--parts ops,lm,graphs] [--graph-steps a,b] [--stale]"""
 import argparse
 
@@ -82,8 +82,13 @@ def part_lm():
             check(f"lm {mixer}", lambda: m(ids)[0], params, lambda: cm(ids)[0])
 
 
+def _with_grads(fn, cu, xs):
+    out = fn(cu)
+    return [out.detach().clone()] + [g.clone() for g in torch.autograd.grad(out.float().square().sum(), xs)]
+
+
 def part_graphs(only=None):
-    q, k, v = (x.detach() for x in leaves(*[(1, T, H, K)] * 3))
+    q, k, v = leaves(*[(1, T, H, K)] * 3)
     ld = F.logsigmoid(torch.randn(1, T, H, device=dev) + 3)
     i, f = torch.randn(2, 1, T, H, device=dev)
     w = torch.randn(1, T, H, 8, device=dev)
@@ -102,9 +107,10 @@ def part_graphs(only=None):
             compiled = torch.compile(step, mode=mode, fullgraph=True)
             for bounds in ([0, 100, T], [0, 100, T], [0, 30, T], [0, 200, T], [0, 30, 90, T], [0, 100, T]):
                 cu = torch.tensor(bounds, device=dev, dtype=torch.int32)
-                try:
-                    out = compiled(cu).clone()
-                    print(f"{mode} {name} {bounds}: rel err against eager {rel(out, step(cu)):.1e}", flush=True)
+                try:  # the output and the gradients of q, k, v (the backward replays graphs too)
+                    got = _with_grads(compiled, cu, (q, k, v))
+                    err = max(rel(a, b) for a, b in zip(got, _with_grads(step, cu, (q, k, v))))
+                    print(f"{mode} {name} {bounds}: rel err against eager {err:.1e}", flush=True)
                 except Exception as e:
                     print(f"{mode} {name} {bounds}: FAILS {type(e).__name__}: {' '.join(str(e).split())[:500]}",
                           flush=True)

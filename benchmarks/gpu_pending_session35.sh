@@ -4,7 +4,9 @@
 #   tree before its one-scan softmax (.prev = 604b725^, with this tree's gpu_packed_layers.py copied in).
 # Part 2: after part 1's fixes, the capture tests and packed ABC again; the compile checks (graphs, ops).
 # Part 3: compiled against eager (wall time and graph replays); `ula train --compile` (inductor) against eager.
-# Run: OUT=... bash benchmarks/gpu_pending_session35.sh 1|2|3
+# Part 4 (for the next session; not run in session 35): the final tree (mLSTMexp's PyTorch scan without padding,
+#   CPU-tested only): the GPU suite, the smoke, and the compile checks with gradients under reduce-overhead.
+# Run: OUT=... bash benchmarks/gpu_pending_session35.sh 1|2|3|4
 NAME=pending35
 . benchmarks/gpu_pending_common.sh
 export PYTHONPATH=.
@@ -29,5 +31,10 @@ if [ "$PART" = 3 ]; then  # compiled against eager; ula train --compile (inducto
     TMO=60 run python3 -m ula train --mixer $m --steps 40 --eval-every 40 --out "$OUT/train_$m"
     TMO=80 run python3 -m ula train --mixer $m --steps 40 --eval-every 40 --compile --out "$OUT/train_${m}_compiled"
   done
+fi
+if [ "$PART" = 4 ]; then
+  TMO=240 run ULA_TEST_GPU=1 python3 -m pytest -q -n 8 -p no:cacheprovider tests -rfE
+  TMO=90 run python3 benchmarks/gpu_smoke.py --parts repeat
+  TMO=250 run PYTHONPATH=.:benchmarks python3 benchmarks/gpu_compile_checks.py --parts graphs
 fi
 tail -c 11000 "$LOG"

@@ -289,3 +289,27 @@ def test_every_op_packed_traces_fullgraph(name, backend):
     kw = dict(cu_seqlens=torch.tensor([0, 13, 40]), backend=backend)
     got = _compiled(lambda: fn(kw))()
     assert rel(got, fn(kw)) < 1e-6
+
+
+@pytest.mark.parametrize("manager,want", [("absent", False), (None, False), ("a manager", True), ("raises", True)])
+def test_graph_trees_in_use(manager, want, monkeypatch):
+    """Whether the packed ops read cu_seqlens afresh: only where torch.compile's CUDA graph trees manage the device,
+    and also where that cannot be told (an unknown torch), as reading again is only slower."""
+    import sys
+    import types
+    from ula.core import custom_ops
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    trees = types.ModuleType("torch._inductor.cudagraph_trees")
+
+    def get_manager(device_index, create_if_none_exists=True):
+        assert device_index == 0 and not create_if_none_exists
+        if manager == "raises":
+            raise AttributeError("changed API")
+        return manager
+    trees.get_manager = get_manager
+    if manager == "absent":
+        monkeypatch.delitem(sys.modules, "torch._inductor.cudagraph_trees", raising=False)
+    else:
+        monkeypatch.setitem(sys.modules, "torch._inductor.cudagraph_trees", trees)
+    assert custom_ops.graph_trees_in_use() == want
