@@ -5,7 +5,8 @@
 # Part 2: after part 1's fixes, the capture tests and packed ABC again; the compile checks (graphs, ops).
 # Part 3: compiled against eager (wall time and graph replays); `ula train --compile` (inductor) against eager.
 # Part 4 (for the next session; not run in session 35): the final tree (mLSTMexp's PyTorch scan without padding,
-#   CPU-tested only): the GPU suite, the smoke, and the compile checks with gradients under reduce-overhead.
+#   CPU-tested only): the GPU suite, the smoke, the compile checks with gradients under reduce-overhead, and the
+#   finding reduced to plain PyTorch (gpu_graph_trees_version_repro.py).
 # Run: OUT=... bash benchmarks/gpu_pending_session35.sh 1|2|3|4
 NAME=pending35
 . benchmarks/gpu_pending_common.sh
@@ -36,5 +37,6 @@ if [ "$PART" = 4 ]; then
   TMO=240 run ULA_TEST_GPU=1 python3 -m pytest -q -n 8 -p no:cacheprovider tests -rfE
   TMO=90 run python3 benchmarks/gpu_smoke.py --parts repeat
   TMO=250 run PYTHONPATH=.:benchmarks python3 benchmarks/gpu_compile_checks.py --parts graphs
+  TMO=60 run python3 benchmarks/gpu_graph_trees_version_repro.py
 fi
 tail -c 11000 "$LOG"
