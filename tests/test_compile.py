@@ -294,10 +294,12 @@ def test_every_op_packed_traces_fullgraph(name, backend):
 @pytest.mark.parametrize("manager,want", [("absent", False), (None, False), ("a manager", True), ("raises", True)])
 def test_graph_trees_in_use(manager, want, monkeypatch):
     """Whether the packed ops read cu_seqlens afresh: only where torch.compile's CUDA graph trees manage the device,
-    and also where that cannot be told (an unknown torch), as reading again is only slower."""
+    and also where that cannot be told (an unknown torch), as reading again is only slower. Once seen, kept (for
+    the backward's ops in autograd's thread): a later call says True without asking."""
     import sys
     import types
     from ula.core import custom_ops
+    monkeypatch.setattr(custom_ops, "_TREES_SEEN", False)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     trees = types.ModuleType("torch._inductor.cudagraph_trees")
@@ -312,4 +314,7 @@ def test_graph_trees_in_use(manager, want, monkeypatch):
         monkeypatch.delitem(sys.modules, "torch._inductor.cudagraph_trees", raising=False)
     else:
         monkeypatch.setitem(sys.modules, "torch._inductor.cudagraph_trees", trees)
+    assert custom_ops.graph_trees_in_use() == want
+    trees.get_manager = None  # asked no more once seen
+    monkeypatch.delitem(sys.modules, "torch._inductor.cudagraph_trees", raising=False)
     assert custom_ops.graph_trees_in_use() == want

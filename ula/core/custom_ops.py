@@ -9,7 +9,7 @@ CUDA graphs (mode="reduce-overhead") split the graph around them and run them wi
 Where a graph also consumes cu_seqlens, such an op gets the graph's copy of it: one tensor for every call, its
 memory rewritten by each call without a version bump, so ula.core.cu_cache would return the first call's values
 (session 35: packed mLSTMexp wrong from the first replay on, its gate scan in the graphs). While torch.compile's
-CUDA graphs are in use, these ops read cu_seqlens afresh at every call instead."""
+CUDA graphs are in use (from the first call that sees them on), these ops read cu_seqlens afresh at every call."""
 import functools
 import sys
 
@@ -31,16 +31,23 @@ def fake_like(x, like, need=True):
     return x.new_empty(x.shape) if x is not None and need else like.new_empty(EMPTY)
 
 
+_TREES_SEEN = False  # once seen, in any thread, kept: a backward op runs in autograd's thread, after its forward
+
+
 def graph_trees_in_use():
-    """Whether torch.compile's CUDA graphs (cudagraph trees) manage the current CUDA device; True where that cannot
-    be told (an unknown torch): reading cu_seqlens again is only slower."""
+    """Whether torch.compile's CUDA graphs (cudagraph trees) manage the current CUDA device, or have since this process
+    first saw them; True where that cannot be told (an unknown torch): reading cu_seqlens again is only slower."""
+    global _TREES_SEEN
+    if _TREES_SEEN:
+        return True
     trees = sys.modules.get("torch._inductor.cudagraph_trees")
     if trees is None or not torch.cuda.is_available():
         return False
     try:
-        return trees.get_manager(torch.cuda.current_device(), create_if_none_exists=False) is not None
+        _TREES_SEEN = trees.get_manager(torch.cuda.current_device(), create_if_none_exists=False) is not None
     except Exception:
-        return True
+        _TREES_SEEN = True
+    return _TREES_SEEN
 
 
 def _fresh_under_graph_trees(fn):
