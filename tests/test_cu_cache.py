@@ -108,7 +108,7 @@ def test_inference_tensor_is_read_each_call(reads):
 def test_families_build_one_token_map(monkeypatch):
     """Two mLSTMexp calls in PyTorch (two layers of a model), forward and backward, and normalized attention and GSA
     beside them, on one cu_seqlens: the families' per-token map (PackedTokens, which mLSTMexp's PyTorch gate scan
-    takes) is built once, and again for a new tensor."""
+    and normalized attention's PyTorch epilogue take) is built once, and again for a new tensor."""
     built = []
     real = PackedTokens.__init__
 

@@ -70,8 +70,7 @@ def test_core_layouts_first_built_in_a_capture(chunk_size):
 @pytest.mark.parametrize("family", ["mlstm_exp_torch", "abc"])
 def test_families_packed_layout_first_built_in_a_capture(family):
     """mLSTMexp on the PyTorch path takes the families' per-token map (PackedTokens, kept per cu_seqlens tensor) in its
-    gate scan, forward and backward; ABC's cumulative softmax (one scan over all tokens since session 34, nothing
-    kept) is checked the same way. (Until session 34 this test called gsa(s=w, g=None), which builds no map.)"""
+    gate scan, forward and backward; so does ABC's cumulative softmax (one scan over all tokens since session 34). (Until session 34 this test called gsa(s=w, g=None), which builds no map.)"""
     q, k, v, _ = _inputs()
     g = torch.Generator(device=DEVICE).manual_seed(1)
     w = torch.randn(1, T, H, 8, device=DEVICE, generator=g).requires_grad_()

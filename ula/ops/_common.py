@@ -6,6 +6,7 @@ import torch
 
 from ..core.backends import runs_triton
 from ..core.cu_cache import cached
+from ..core.time_scan import scan_time
 from ._checks import check_float, check_step_qkv, check_step_state
 
 
@@ -88,13 +89,6 @@ def decay_dtype(q):
     return torch.float64 if q.dtype == torch.float64 else torch.float32
 
 
-def token_sequences(cu_seqlens, T, device):
-    """(cu_seqlens as int64 on device, the sequence of each of the T packed tokens [T]), made on the device: no read
-    of cu_seqlens' values on the host."""
-    cu = cu_seqlens.to(device=device, dtype=torch.long)
-    return cu, torch.repeat_interleave(torch.arange(cu.numel() - 1, device=device), cu[1:] - cu[:-1], output_size=T)
-
-
 class PackedTokens:
     """Each token's place in a packed [1, T, ...] tensor (B == 1 with cu_seqlens), made from tensors alone (no read of
     cu_seqlens' values, so it traces with torch.compile): seq [T] its sequence, first [T] that sequence's first
@@ -108,8 +102,29 @@ class PackedTokens:
         return cached(cu_seqlens, ("packed_tokens", T, str(device)), lambda: cls(cu_seqlens, T, device))
 
     def __init__(self, cu_seqlens, T, device):
-        cu, self.seq = token_sequences(cu_seqlens, T, device)
+        cu = cu_seqlens.to(device=device, dtype=torch.long)
+        self.seq = torch.repeat_interleave(torch.arange(cu.numel() - 1, device=device), cu[1:] - cu[:-1],
+                                           output_size=T)
         self.first = cu[:-1][self.seq]
         self.pos = torch.arange(T, device=device) - self.first
         self.starts = self.pos == 0
         self.ends = cu[1:] - 1
+
+
+def per_step(x, tokens):
+    """A value per sequence, x [N, ...], at each of its steps: [1, T, ...] packed (tokens: PackedTokens), else
+    [B, 1, ...] to broadcast over T (tokens None)."""
+    return x.unsqueeze(1) if tokens is None else x[tokens.seq].unsqueeze(0)
+
+
+def last_step(x, tokens):
+    """x [B, T, ...] at each sequence's last step, [N, ...] (tokens: PackedTokens of a packed x, else None)."""
+    return x[:, -1] if tokens is None else x[0, tokens.ends]
+
+
+def cumsum_per_sequence(x, tokens):
+    """x's cumsum along time (dim 1), restarted at each sequence's first step (tokens: PackedTokens of a packed x,
+    else None): packed, one cumsum over all tokens less its value before the sequence, so no padding and no read of
+    cu_seqlens' values. The subtraction cancels: take x in float64 where that matters."""
+    total = scan_time(x, lambda y: y.cumsum(-1))
+    return total if tokens is None else total - (total - x)[:, tokens.first]

@@ -22,7 +22,7 @@ from ..core.op import o_for_grad, run
 from ..core.precision import call_code, parse
 from ..core.time_scan import scan_time
 from ._checks import (check_float, check_sequence, check_state_tuple, check_step_qkv, num_sequences)
-from ._common import _step, decay_dtype, token_sequences
+from ._common import PackedTokens, _step, decay_dtype, last_step, per_step
 
 
 def _check_gsa(op, q, v, s, g, state, N, dim, step, n_state=2, s_name="s"):
@@ -205,21 +205,19 @@ def _cumulative_softmax(w, z0, cu_seqlens):
     # the running log-normalizer is a scan in float64: at |w| ~ 1e4 float32 spacing (~1e-3) would blur w - z
     out_dt = torch.float64 if w.dtype == torch.float64 else torch.float32
     wd = w.double()
-    B, T = w.shape[:2]
-    if cu_seqlens is None:
+    T = w.shape[1]
+    tokens = None if cu_seqlens is None else PackedTokens.of(cu_seqlens, T, w.device)
+    if tokens is None:
         z = scan_time(wd, lambda y: torch.logcumsumexp(y, -1))
-        ends, seq = None, None
     else:
-        cu, seq = token_sequences(cu_seqlens, T, w.device)
         finite = w.detach().nan_to_num(0.0, posinf=0.0, neginf=0.0)  # in w's dtype: a quarter of float64's bytes
         spread = finite.amax().double() - finite.amin().double()  # exact: both are values of w
-        offset = ((spread + 800.0) * seq).view(1, T, 1, 1)
+        offset = ((spread + 800.0) * tokens.seq).view(1, T, 1, 1)
         z = scan_time(wd + offset, lambda y: torch.logcumsumexp(y, -1)) - offset
-        ends = cu[1:] - 1
     if z0 is not None:  # z0 [N, H, m] before every step of its sequence
-        z = torch.logaddexp(z, z0.to(z.dtype).unsqueeze(1) if seq is None else z0.to(z.dtype)[seq].unsqueeze(0))
+        z = torch.logaddexp(z, per_step(z0.to(z.dtype), tokens))
     phi = (wd - z).exp().to(out_dt)
-    zT = (z[:, -1] if ends is None else z[0, ends]).to(out_dt)
+    zT = last_step(z, tokens).to(out_dt)
     return phi, zT
 
 

@@ -50,7 +50,7 @@ from ..core.cu_cache import host_values
 from ..core.ones import linear_attention_with_ones, with_ones_column
 from ..core.time_scan import scan_time
 from ._checks import check_float, check_sequence, check_state_tuple, check_step_qkv, num_sequences
-from ._common import PackedTokens, _step, decay_dtype, state_dtype
+from ._common import PackedTokens, _step, cumsum_per_sequence, decay_dtype, last_step, per_step, state_dtype
 
 VARIANTS = ("exp", "sig")
 
@@ -93,10 +93,9 @@ def _exp_scan(i, f, tokens):
     sequence's values raised by its index times a margin above their spread (so its first step tops every earlier
     one), taken off after the scan: an error of about (margin · N) float64 ulps."""
     lf, ip = F.logsigmoid(f.double()), i.double()
-    Fc = scan_time(lf, lambda y: y.cumsum(-1))
+    Fc = cumsum_per_sequence(lf, tokens)
     if tokens is None:
         return lf, ip, Fc, scan_time(ip - Fc, lambda y: y.cummax(-1).values)
-    Fc = Fc - (Fc - lf)[:, tokens.first]
     x = ip - Fc
     spread = x.detach().amax() - x.detach().amin()  # the gates are checked finite
     offset = ((2.0 * spread + 1.0) * tokens.seq).view(1, -1, 1)
@@ -108,9 +107,7 @@ def _exp_gates(i, f, m0, tokens, scan=None):
     `_exp_scan` of them if at hand. Returns the core's log decay ld' and log input weight i - m̂ (m̂ detached),
     m [B, T, H] and m_T [N, H] (live), all float64."""
     lf, ip, Fc, M = scan if scan is not None else _exp_scan(i, f, tokens)
-    before = None  # m before each step's sequence, per step
-    if m0 is not None:
-        before = m0.double()[tokens.seq].unsqueeze(0) if tokens is not None else m0.double().unsqueeze(1)
+    before = None if m0 is None else per_step(m0.double(), tokens)  # m before each step's sequence
     M = torch.maximum(M, before) if before is not None else M.clamp_min(0.0)
     m = Fc + M
     mh = m.detach()
@@ -120,12 +117,7 @@ def _exp_gates(i, f, m0, tokens, scan=None):
         m_prev = torch.where(tokens.starts.view(1, -1, 1), before, m_prev)
     ldp = _straight_through_nonpositive(lf + (m_prev - mh))
     logw = _straight_through_nonpositive(ip - mh)
-    return ldp, logw, m, _last(m, tokens)
-
-
-def _last(x, tokens):
-    """x [B, T, H] at each sequence's last step, [N, H]."""
-    return x[:, -1] if tokens is None else x[0, tokens.ends]
+    return ldp, logw, m, last_step(m, tokens)
 
 
 def _one(x):
@@ -281,7 +273,7 @@ def _mlstm_exp_cp(q, k, v, i, f, eps, initial_state, group, kw):
     zero = torch.zeros(Bs, H, dtype=torch.float64, device=q.device)
     first = [(m0[n:n + 1] if c is not None else m0) if st and m0 is not None else zero
              for (n, _, _), st in zip(me["pieces"], me["starts"])]
-    rows = torch.stack([_last(scan[2], tokens).view(Np, Bs, H), _last(scan[3], tokens).view(Np, Bs, H),
+    rows = torch.stack([last_step(scan[2], tokens).view(Np, Bs, H), last_step(scan[3], tokens).view(Np, Bs, H),
                         torch.stack(first)], -1)
     nrows = max(len(p["pieces"]) for p in plans)
     buf = torch.cat([rows.reshape(-1), rows.new_zeros((nrows - Np) * Bs * H * 3)])

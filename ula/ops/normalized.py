@@ -35,7 +35,7 @@ from ..core.checks import check_device, check_linear_attention
 from ..core.ones import fast_path, linear_attention_with_ones, with_ones_column
 from ..core.time_scan import scan_time
 from ._checks import check_sequence, check_step_qkv, check_step_state, num_sequences
-from ._common import _step, decay_dtype, token_sequences
+from ._common import PackedTokens, _step, cumsum_per_sequence, decay_dtype, last_step, per_step
 
 
 def _check_coefs(op, a, b, q):
@@ -99,22 +99,15 @@ def _divide(num, den, eps):
     return num / den
 
 
-def _running_sums(v, cu_seqlens, dd):
-    """Per sequence Z_t = Σ_{n<=t} v_n in dd and the count of steps C_t in float64 ([B, T, H]), the sequence of
-    each token (None without cu_seqlens) and each sequence's last step. Packed, with no padding and no read of
-    cu_seqlens' values (a torch.compile trace cannot read them): the cumsum over all tokens in float64, minus its
-    value before each sequence's first step."""
+def _running_sums(v, tokens, dd):
+    """Per sequence Z_t = Σ_{n<=t} v_n in dd and the count of steps C_t in float64 ([B, T, H]); tokens: the
+    PackedTokens of a packed call, else None. Packed, the sums are taken in float64 (cumsum_per_sequence subtracts)."""
     B, T, H = v.shape[:3]
-    steps = torch.arange(T, device=v.device)
-    if cu_seqlens is None:
-        zc = (steps + 1).to(torch.float64).view(1, T, 1).expand(B, T, H)
-        return scan_time(v.to(dd), lambda y: y.cumsum(-1)), zc, None, None
-    cu, seq = token_sequences(cu_seqlens, T, v.device)
-    start = cu[:-1][seq]
-    total = scan_time(v.double(), lambda y: y.cumsum(-1))
-    before = torch.cat([total.new_zeros(total[:, :1].shape), total[:, :-1]], 1)[:, start]
-    zc = (steps - start + 1).to(torch.float64).view(1, T, 1).expand(1, T, H)
-    return (total - before).to(dd), zc, seq, cu[1:] - 1
+    if tokens is None:
+        zc = torch.arange(1, T + 1, device=v.device, dtype=torch.float64).view(1, T, 1).expand(B, T, H)
+        return scan_time(v.to(dd), lambda y: y.cumsum(-1)), zc
+    zc = (tokens.pos + 1).to(torch.float64).view(1, T, 1).expand(1, T, H)
+    return cumsum_per_sequence(v.double(), tokens).to(dd), zc
 
 
 def _epilogue_torch(o, den, v, a, z0, c0, eps, cu_seqlens, final):
@@ -127,12 +120,12 @@ def _epilogue_torch(o, den, v, a, z0, c0, eps, cu_seqlens, final):
     if a_part or final:
         # C and den + a C in float64 (one value per row): near 0 the sum cancels, and float32 rounding there
         # is an error that the division multiplies.
-        zv, zc, seq, ends = _running_sums(v, cu_seqlens, dd)
-        per_step = lambda x: x.unsqueeze(1) if seq is None else x[seq].unsqueeze(0)  # noqa: E731 ([N, ...] -> steps)
+        tokens = None if cu_seqlens is None else PackedTokens.of(cu_seqlens, v.shape[1], v.device)
+        zv, zc = _running_sums(v, tokens, dd)
         if z0 is not None:
-            zv = zv + per_step(z0.to(dd))
+            zv = zv + per_step(z0.to(dd), tokens)
         if c0 is not None:
-            zc = zc + per_step(c0.to(torch.float64))
+            zc = zc + per_step(c0.to(torch.float64), tokens)
     num = o.to(dd)
     den = den.to(dd)
     if a_part:
@@ -142,8 +135,7 @@ def _epilogue_torch(o, den, v, a, z0, c0, eps, cu_seqlens, final):
     out = _divide(num, den.unsqueeze(-1), eps).to(v.dtype)
     if not final:
         return out, None
-    last = lambda x: x[:, -1] if ends is None else x[0, ends]  # noqa: E731
-    return out, (last(zv), last(zc).to(dd))
+    return out, (last_step(zv, tokens), last_step(zc, tokens).to(dd))
 
 
 def normalized_linear_attention(q, k, v, a=1.0, b=1.0, *, qk_l2_norm=True, eps=1e-6, initial_state=None,
