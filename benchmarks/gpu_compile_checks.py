@@ -92,13 +92,17 @@ def part_graphs(only=None):
     ld = F.logsigmoid(torch.randn(1, T, H, device=dev) + 3)
     i, f = torch.randn(2, 1, T, H, device=dev)
     w = torch.randn(1, T, H, 8, device=dev)
-    steps = {"core": lambda cu: ula.linear_attention(q, k, v, ld, cu_seqlens=cu)[0],
-             "mlstm exp": lambda cu: ula.mlstm(q, k, v, i, f + 3, cu_seqlens=cu)[0],
-             "normalized": lambda cu: ula.normalized_linear_attention(q, k, v, cu_seqlens=cu)[0],
+    steps = {"core": lambda cu, q, k, v: ula.linear_attention(q, k, v, ld, cu_seqlens=cu)[0],
+             "mlstm exp": lambda cu, q, k, v: ula.mlstm(q, k, v, i, f + 3, cu_seqlens=cu)[0],
+             "normalized": lambda cu, q, k, v: ula.normalized_linear_attention(q, k, v, cu_seqlens=cu)[0],
              # cu_seqlens consumed inside a graph too (ABC's softmax scan; a user's op): the ops between graphs then
              # get the graph's copy of it, rewritten at every call without a version bump (session 35)
-             "abc": lambda cu: ula.abc(q, k, v, w, cu_seqlens=cu)[0],
-             "core+cu in the graph": lambda cu: ula.linear_attention(q, k, v, ld, cu_seqlens=cu)[0] + (cu[-1] - T)}
+             "abc": lambda cu, q, k, v: ula.abc(q, k, v, w, cu_seqlens=cu)[0],
+             "core+cu in the graph": lambda cu, q, k, v: ula.linear_attention(q, k, v, ld, cu_seqlens=cu)[0]
+             + (cu[-1] - T)}
+    # where compiled and eager differ (Inductor fuses the PyTorch ops between ours and rounds them once), both are
+    # set against the same call in float32: the compiled call must be no further from it than eager
+    qkv32 = [x.detach().float().requires_grad_() for x in (q, k, v)]
     for mode in ("reduce-overhead", "default"):
         for name, step in steps.items():
             if only and name not in only:
@@ -108,9 +112,15 @@ def part_graphs(only=None):
             for bounds in ([0, 100, T], [0, 100, T], [0, 30, T], [0, 200, T], [0, 30, 90, T], [0, 100, T]):
                 cu = torch.tensor(bounds, device=dev, dtype=torch.int32)
                 try:  # the output and the gradients of q, k, v (the backward replays graphs too)
-                    got = _with_grads(compiled, cu, (q, k, v))
-                    err = max(rel(a, b) for a, b in zip(got, _with_grads(step, cu, (q, k, v))))
-                    print(f"{mode} {name} {bounds}: rel err against eager {err:.1e}", flush=True)
+                    got = _with_grads(lambda c: compiled(c, q, k, v), cu, (q, k, v))
+                    ref = _with_grads(lambda c: step(c, q, k, v), cu, (q, k, v))
+                    err = max(rel(a, b) for a, b in zip(got, ref))
+                    line = f"{mode} {name} {bounds}: rel err against eager {err:.1e}"
+                    if err > 0:
+                        f32 = _with_grads(lambda c: step(c, *qkv32), cu, qkv32)
+                        line += (f"; against float32: compiled {max(rel(a, b) for a, b in zip(got, f32)):.1e}, "
+                                 f"eager {max(rel(a, b) for a, b in zip(ref, f32)):.1e}")
+                    print(line, flush=True)
                 except Exception as e:
                     print(f"{mode} {name} {bounds}: FAILS {type(e).__name__}: {' '.join(str(e).split())[:500]}",
                           flush=True)

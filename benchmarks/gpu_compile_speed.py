@@ -3,7 +3,7 @@ whether a trace runs as fast as eager (since session 34 mLSTMexp and normalized 
 in a trace too; before, their PyTorch forms). B2 T8192 H16 K=V=128 bf16. Two measures each: the wall time of a
 call (median of 30 after 5 warm-up calls, CUDA events: host-bound, noisy) and the median of CUDA-graph replays of
 a forward+backward (`ula.bench.measure.graph_times`: the GPU's time alone, METHOD.md).
-Run: PYTHONPATH=. python3 benchmarks/gpu_compile_speed.py [op,op...]"""
+GSA and ABC (m = 64 slots) only when named. Run: PYTHONPATH=. python3 benchmarks/gpu_compile_speed.py [op,op...]"""
 import statistics
 import sys
 
@@ -18,11 +18,16 @@ torch.manual_seed(0)
 q, k, v = (torch.randn(B, T, H, D, device=dev).bfloat16().requires_grad_() for _ in range(3))
 i, f = (torch.randn(B, T, H, device=dev).requires_grad_() for _ in range(2))
 gk = F.logsigmoid(torch.randn(B, T, H, D, device=dev) + 3).requires_grad_()
-ARGS = {"mlstm exp": (q, k, v, i, f), "normalized": (q, k, v), "gla": (q, k, v, gk)}
+s = torch.randn(B, T, H, 64, device=dev).bfloat16().requires_grad_()
+gs = F.logsigmoid(torch.randn(B, T, H, 64, device=dev) + 3).requires_grad_()
+ARGS = {"mlstm exp": (q, k, v, i, f), "normalized": (q, k, v), "gla": (q, k, v, gk), "gsa": (q, k, v, s, gs),
+        "abc": (q, k, v, s)}
 OPS_ALL = {"mlstm exp": lambda q, k, v, i, f: ula.mlstm(q, k, v, i, f + 3)[0],
            "normalized": lambda q, k, v: ula.normalized_linear_attention(q, k, v)[0],
-           "gla": lambda q, k, v, g: ula.gla(q, k, v, g)[0]}
-OPS = {n: OPS_ALL[n] for n in (sys.argv[1].split(",") if len(sys.argv) > 1 else OPS_ALL)}
+           "gla": lambda q, k, v, g: ula.gla(q, k, v, g)[0],
+           "gsa": lambda q, k, v, s, g: ula.gsa(q, k, v, s, g)[0],  # m = 64
+           "abc": lambda q, k, v, w: ula.abc(q, k, v, w)[0]}
+OPS = {n: OPS_ALL[n] for n in (sys.argv[1].split(",") if len(sys.argv) > 1 else list(OPS_ALL)[:3])}
 
 
 def wall_ms(fn, args):

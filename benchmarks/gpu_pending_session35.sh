@@ -7,7 +7,8 @@
 # Part 4 (for the next session; not run in session 35): the final tree (mLSTMexp's PyTorch scan without padding,
 #   CPU-tested only): the GPU suite, the smoke, the compile checks with gradients under reduce-overhead, and the
 #   finding reduced to plain PyTorch (gpu_graph_trees_version_repro.py).
-# Run: OUT=... bash benchmarks/gpu_pending_session35.sh 1|2|3|4
+#   Part 5 is part 4's second half: the compile checks and the repro.
+# Run: OUT=... bash benchmarks/gpu_pending_session35.sh 1|2|3|4|5
 NAME=pending35
 . benchmarks/gpu_pending_common.sh
 export PYTHONPATH=.
@@ -36,6 +37,8 @@ fi
 if [ "$PART" = 4 ]; then
   TMO=240 run ULA_TEST_GPU=1 python3 -m pytest -q -n 8 -p no:cacheprovider tests -rfE
   TMO=90 run python3 benchmarks/gpu_smoke.py --parts repeat
+fi
+if [ "$PART" = 5 ]; then  # part 4's second half (one call holds 600 s at most)
   TMO=250 run PYTHONPATH=.:benchmarks python3 benchmarks/gpu_compile_checks.py --parts graphs
   TMO=60 run python3 benchmarks/gpu_graph_trees_version_repro.py
 fi

@@ -41,9 +41,9 @@ def profile(fn, args, iters=5):
     return t, rows, fb, order
 
 
-def host_top(fb, iters=20, k=18):
-    """cProfile over iters calls of fb: (Python ms per call, the top k functions by own time as lines of ms per
-    call). Also benchmarks/gpu_host_families.py's."""
+def host_top(fb, iters=20, k=18, by_cum=False):
+    """cProfile over iters calls of fb: (Python ms per call, the top k functions by own (or cumulative) time as lines
+    of ms per call). Also benchmarks/gpu_host_families.py's."""
     import cProfile
     import pstats
     torch.cuda.synchronize()
@@ -54,7 +54,7 @@ def host_top(fb, iters=20, k=18):
     pr.disable()
     torch.cuda.synchronize()
     st = pstats.Stats(pr)
-    top = sorted(st.stats.items(), key=lambda kv: -kv[1][2])[:k]
+    top = sorted(st.stats.items(), key=lambda kv: -kv[1][3 if by_cum else 2])[:k]
     return st.total_tt / iters * 1e3, [f"{tt / iters * 1e3:7.3f} own {ct / iters * 1e3:7.3f} cum x{nc // iters:<4d} "
                                        f"{os.path.basename(fname)}:{line}({func})"
                                        for (fname, line, func), (cc, nc, tt, ct, _) in top]

@@ -237,6 +237,35 @@ def test_packed_abc_traces_fullgraph():
         _check_as_eager(model, compiled, (q, k, v, w), q, k, v, w, torch.tensor(bounds), what=bounds)
 
 
+@pytest.mark.parametrize("family,packed", [("gsa", False), ("abc", False), ("gsa", True)])
+def test_gsa_compiles_with_float32_slot_weights(family, packed, monkeypatch):
+    """Under torch.compile GSA's and ABC's second pass takes the softmax output p in float32 on the Triton kernels,
+    as eager (ula/ops/gsa.py `_second_pass`, through the core's custom op): not the public call, which rounds p to
+    bf16 (compiled ABC's gradients were 1.6-2x eager's error against float32 on an H100, session 36). GSA's gated
+    first pass keeps o1 in float32 too. bf16 inputs, the same loss and gradients as eager."""
+    import importlib
+    gsa_module = importlib.import_module("ula.ops.gsa")
+    public = gsa_module.linear_attention
+    widths = []
+
+    def recorded(q, *a, **kw):
+        widths.append(q.shape[-1])
+        return public(q, *a, **kw)
+    monkeypatch.setattr(gsa_module, "linear_attention", recorded)
+    q, k, v = (torch.randn(1, 37, 2, 16).bfloat16().requires_grad_() for _ in range(3))
+    s = torch.randn(1, 37, 2, 8).bfloat16().requires_grad_()
+    g = F.logsigmoid(torch.randn(1, 37, 2, 8) + 3).requires_grad_()
+    leaves = [q, k, v, s] + ([g] if family == "gsa" else [])
+    kw = dict(backend="triton", chunk_size=16, cu_seqlens=torch.tensor([0, 13, 37]) if packed else None)
+
+    def model(q, k, v, s):
+        o = ula.gsa(q, k, v, s, g, **kw)[0] if family == "gsa" else ula.abc(q, k, v, s, **kw)[0]
+        return o.float().square().mean()
+    _check_as_eager(model, _compiled(model), leaves, q, k, v, s)
+    # the public call serves ABC's ungated first pass only (q of width 16), never p (width m = 8)
+    assert widths == ([] if family == "gsa" else [16, 16]), widths
+
+
 def test_packed_normalized_torch_path_traces_fullgraph():
     """On the PyTorch path (backend="torch", as for float64) normalized attention's epilogue forms each sequence's
     running sums from one cumsum over all tokens (ula/ops/normalized.py), with no read of cu_seqlens' values, so a

@@ -17,7 +17,7 @@ import torch
 
 from ..core import linear_attention
 from ..core.api import _pad_to_16, one_sequence_as_batch
-from ..core.backends import chunk_fn, runs_fused
+from ..core.backends import chunk_fn, runs_triton
 from ..core.op import o_for_grad, run
 from ..core.precision import call_code, parse
 from ..core.time_scan import scan_time
@@ -118,8 +118,10 @@ def gsa(q, k, v, s=None, g=None, *, scale=None, initial_state=None, output_final
 
 
 def _fused_half(dtype, x, *widths, kw):
-    """Whether a pass runs on the Triton kernels with half-precision inputs and no padding of its widths."""
-    return (dtype in (torch.float16, torch.bfloat16) and runs_fused(kw["backend"], x.device)
+    """Whether a pass runs on the Triton kernels with half-precision inputs and no padding of its widths. Also under
+    torch.compile: `_core_call` takes the core's custom op there (ula/core/op.py `run`), with p in float32 as eager
+    (until session 36 a trace took the public call with bf16 p: compiled ABC's gradients 1.6-2x eager's error)."""
+    return (dtype in (torch.float16, torch.bfloat16) and runs_triton(kw["backend"], x.device)
             and not any(_pad_to_16(w) for w in widths))
 
 
@@ -142,8 +144,7 @@ def _second_pass(p, s, v, g, h2, dtype, kw):
     with its decay factor, where a bf16 copy of p was rounded twice, and dp comes out float32 for the softmax's
     backward (bf16 error vs float64 on the CPU emulation, benchmarks/results/bf16_error_study_gsa_cpu.txt: o 3.76e-3
     -> 3.30e-3, dv 3.71 -> 3.31, ds 3.74 -> 3.31, dq 3.66 -> 3.51, dg 5.32 -> 5.07). Traffic about even: the
-    kernels read p in float32 (~5 reads, +2 bytes per element each), no bf16 copies of p and of dp are made. Not under
-    a torch.compile trace (runs_fused): the internal call is opaque to it, so the public one takes bf16 p there."""
+    kernels read p in float32 (~5 reads, +2 bytes per element each), no bf16 copies of p and of dp are made."""
     if not _fused_half(dtype, p, p.shape[-1], v.shape[-1], kw=kw):
         return linear_attention(p.to(dtype), s, v, g, None, scale=1.0, initial_state=h2, **kw)
     o, S, _ = _core_call(p, s, v, g, None, h2, 1.0, kw)

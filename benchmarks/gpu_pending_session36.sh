@@ -1,0 +1,29 @@
+#!/bin/bash
+# Session 36's GPU calls.
+# Part 1: compiled ABC against eager and float32 (session 35's part 5 found 1e-2 between compiled and eager
+#   gradients); where the host's time goes in a compiled forward+backward (session 35: wall time of compiled
+#   normalized and GLA 1.19-1.23x eager's at the same GPU time): host submit times and cProfile, eager and compiled.
+# Part 2: the compiled call's host time split into its layers (benchmarks/gpu_compile_host.py).
+# Part 3: compiled GSA and ABC take p in float32 as eager: the graphs check of ABC again, compiled speed.
+# Part 4: why the core's backward costs the host more through its custom op; compiled ABC's kernels.
+# Run: OUT=... bash benchmarks/gpu_pending_session36.sh 1|2|3|4
+NAME=pending36
+. benchmarks/gpu_pending_common.sh
+export PYTHONPATH=.
+if [ "$PART" = 1 ]; then
+  TMO=120 run PYTHONPATH=.:benchmarks python3 benchmarks/gpu_compile_checks.py --parts graphs --graph-steps abc
+  TMO=150 run python3 benchmarks/gpu_host_families.py --ops linear,normalized,gla --profile
+  TMO=240 run python3 benchmarks/gpu_host_families.py --ops linear,normalized,gla --profile --compile
+fi
+if [ "$PART" = 2 ]; then  # the compiled call's host time split into its layers (core, linear attention)
+  TMO=200 run python3 benchmarks/gpu_compile_host.py
+fi
+if [ "$PART" = 3 ]; then  # compiled GSA and ABC with p in float32 (as eager): against eager and float32, speed
+  TMO=120 run PYTHONPATH=.:benchmarks python3 benchmarks/gpu_compile_checks.py --parts graphs --graph-steps abc
+  TMO=200 run python3 benchmarks/gpu_compile_speed.py gsa,abc
+fi
+if [ "$PART" = 4 ]; then  # the backward's custom-op cost on the host; compiled ABC's kernels
+  TMO=120 run python3 benchmarks/gpu_custom_op_cost.py
+  TMO=200 run python3 benchmarks/gpu_abc_compiled_profile.py
+fi
+tail -c 11000 "$LOG"
