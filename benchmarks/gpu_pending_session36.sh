@@ -6,7 +6,9 @@
 # Part 2: the compiled call's host time split into its layers (benchmarks/gpu_compile_host.py).
 # Part 3: compiled GSA and ABC take p in float32 as eager: the graphs check of ABC again, compiled speed.
 # Part 4: why the core's backward costs the host more through its custom op; compiled ABC's kernels.
-# Run: OUT=... bash benchmarks/gpu_pending_session36.sh 1|2|3|4
+# Part 5: ABC's cumulative softmax on its Triton kernels: GPU tests, compiled checks, speed against the tree before.
+# Part 6: the cumulative softmax kernels' tiles (gpu_abc_softmax_tiles.py); part 5's GPU tests again.
+# Run: OUT=... bash benchmarks/gpu_pending_session36.sh 1|2|3|4|5|6
 NAME=pending36
 . benchmarks/gpu_pending_common.sh
 export PYTHONPATH=.
@@ -25,5 +27,18 @@ fi
 if [ "$PART" = 4 ]; then  # the backward's custom-op cost on the host; compiled ABC's kernels
   TMO=120 run python3 benchmarks/gpu_custom_op_cost.py
   TMO=200 run python3 benchmarks/gpu_abc_compiled_profile.py
+fi
+if [ "$PART" = 5 ]; then  # ABC's cumulative softmax on its own kernels: GPU tests, compiled checks, eager and compiled
+  # speed against the tree before (.prev = 85bcf81, this tree's gpu_compile_speed.py copied in)
+  TMO=200 run ULA_TEST_GPU=1 python3 -m pytest -q -p no:cacheprovider tests/test_abc_softmax_kernels.py \
+      tests/test_extreme.py -k "abc or softmax or carry or only_the_final" -rfE
+  TMO=120 run PYTHONPATH=.:benchmarks python3 benchmarks/gpu_compile_checks.py --parts graphs --graph-steps abc
+  for t in . .prev; do TMO=150 run PYTHONPATH=$t python3 $t/benchmarks/gpu_compile_speed.py abc,gsa; done
+  TMO=120 run python3 benchmarks/gpu_abc_compiled_profile.py
+fi
+if [ "$PART" = 6 ]; then  # the cumulative softmax kernels' tiles; the GPU tests of part 5 again (inputs on the GPU)
+  TMO=100 run ULA_TEST_GPU=1 python3 -m pytest -q -p no:cacheprovider tests/test_abc_softmax_kernels.py \
+      tests/test_extreme.py -k "abc or softmax or carry or only_the_final" -rfE
+  TMO=200 run python3 benchmarks/gpu_abc_softmax_tiles.py
 fi
 tail -c 11000 "$LOG"

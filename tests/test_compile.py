@@ -222,19 +222,25 @@ def test_normalized_compiles_on_its_fused_function(form, monkeypatch):
         assert all(torch.Tag.cudagraph_unsafe in t.tags for t in seen)
 
 
-def test_packed_abc_traces_fullgraph():
-    """Packed ABC's cumulative softmax is one scan over all tokens (ula/ops/gsa.py), with no read of cu_seqlens'
-    values, so it traces with fullgraph=True with boundaries changing between calls; outputs, the final
-    log-normalizer and gradients as eager."""
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+def test_packed_abc_traces_fullgraph(backend):
+    """Packed ABC's cumulative softmax reads no cu_seqlens' values on the host (ula/ops/gsa.py: in PyTorch one scan
+    over all tokens; on Triton its kernels, a custom op under compile, ula/ops/_abc_softmax_op.py), so it traces
+    with fullgraph=True with boundaries changing between calls; outputs, the final log-normalizer and gradients as
+    eager."""
     q, k, v = (torch.randn(1, 40, 2, 16, requires_grad=True) for _ in range(3))
     w = torch.randn(1, 40, 2, 8, requires_grad=True)
 
     def model(q, k, v, w, cu):
-        o, (S1, S2, z) = ula.abc(q, k, v, w, cu_seqlens=cu, output_final_state=True)
+        o, (S1, S2, z) = ula.abc(q, k, v, w, cu_seqlens=cu, output_final_state=True, backend=backend)
         return o.square().mean() + S1.sum() + S2.sum() + z.sum()
     compiled = _compiled(model)
     for bounds in ([0, 13, 40], [0, 30, 40], [0, 5, 22, 40]):
         _check_as_eager(model, compiled, (q, k, v, w), q, k, v, w, torch.tensor(bounds), what=bounds)
+    if backend == "triton":
+        cu = torch.tensor([0, 13, 40])
+        seen = {str(t) for t in _ula_ops_traced(lambda q, k, v, w: model(q, k, v, w, cu), (q, k, v, w))}
+        assert {"ula.abc_softmax_fwd.default", "ula.abc_softmax_bwd.default"} <= seen, seen
 
 
 @pytest.mark.parametrize("family,packed", [("gsa", False), ("abc", False), ("gsa", True)])

@@ -267,19 +267,31 @@ def _ref_abc_logspace(q, k, v, w, scale=None, h0=None):
 ABC_PRECISION = ()  # fixed: ula/ops/gsa.py runs the log-normalizer scan in float64
 
 
+def _abc_on_device(backend, **kw):
+    """ula.abc on helpers.DEVICE (the GPU under ULA_TEST_GPU=1), its outputs back on the CPU: compare's float64
+    reference and leaves stay there, the gradients flow through the copies."""
+    def call(h0, **a):
+        o, S = ula.abc(**{n: x.to(DEVICE) for n, x in a.items()}, **dict(KW, backend=backend),
+                       **{n: x.to(DEVICE) for n, x in kw.items()})
+        return o.cpu(), tuple(x.cpu() for x in S)
+    return call
+
+
+@pytest.mark.parametrize("backend", ["torch", "triton"])
 @pytest.mark.parametrize("exact", [False, pytest.param(True, marks=ABC_PRECISION)], ids=["bounded", "exact"])
-def test_abc_slot_logits_1e4(exact):
+def test_abc_slot_logits_1e4(exact, backend):
     """ABC slot logits w in ±1e4 (and 0): φ_t = exp(w_t) / Σ_{j<=t} exp(w_j) is 0, 1 or in between; finite, and
     within 1e-2 of the float64 reference ("bounded"); at 1e-4 ("exact") it needs the fix above."""
     seed = fresh_seed()
     w = torch.randint(-1, 2, (B, T, H, M)).float() * 1e4
     inp = dict(q=torch.randn(B, T, H, K), k=torch.randn(B, T, H, K), v=torch.randn(B, T, H, V), w=w, h0=None)
-    errs = compare(lambda h0, **a: ula.abc(**a, **KW), lambda h0, **a: _ref_abc_logspace(**a), inp)
+    errs = compare(_abc_on_device(backend), lambda h0, **a: _ref_abc_logspace(**a), inp)
     _check(errs, seed, tol=TOL if exact else 1e-2)
 
 
 
-def test_abc_packed_slot_logits_1e4():
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+def test_abc_packed_slot_logits_1e4(backend):
     """Packed ABC runs one scan over all tokens, each sequence's logits raised by its index times a margin above
     their spread (ula/ops/gsa.py: no padding, no read of cu_seqlens' values): with logits in ±1e4 and 12 sequences
     of 1-14 steps, each sequence's φ is its own cumulative softmax, within 1e-4 of the float64 reference run per
@@ -290,7 +302,7 @@ def test_abc_packed_slot_logits_1e4():
     Tn = int(cu[-1])
     w = torch.randint(-1, 2, (1, Tn, H, M)).float() * 1e4
     inp = dict(q=torch.randn(1, Tn, H, K), k=torch.randn(1, Tn, H, K), v=torch.randn(1, Tn, H, V), w=w, h0=None)
-    errs = compare(lambda h0, **a: ula.abc(**a, cu_seqlens=cu, **KW),
+    errs = compare(_abc_on_device(backend, cu_seqlens=cu),
                    lambda h0, **a: per_sequence(lambda h0, **y: _ref_abc_logspace(**y), cu, a, {}, h0), inp)
     _check(errs, seed)
 

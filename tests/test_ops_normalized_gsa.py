@@ -230,9 +230,12 @@ def test_gsa_bf16_passes_hand_over_float32(monkeypatch):
     check(errs, seed, tol=2e-2)
 
 
-def test_abc():
-    """g = None: ABC with the paper's cumulative-softmax write strengths (Eq. 3-4), plain and varlen."""
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+def test_abc(backend):
+    """g = None: ABC with the paper's cumulative-softmax write strengths (Eq. 3-4), plain and varlen; on the Triton
+    backend its cumulative softmax runs on its own kernels (ula/ops/_abc_softmax_kernels.py)."""
     seed = fresh_seed()
+    KW = dict(globals()["KW"], backend=backend)
     inp = dict(q=torch.randn(B, T, H, K), k=torch.randn(B, T, H, K), v=torch.randn(B, T, H, V),
                w=torch.randn(B, T, H, M) * 2, h0=None)
     errs = compare(lambda h0, **x: ula.abc(**x, output_final_state=True, **KW), lambda **x: ref_abc(**x), inp)

@@ -190,19 +190,24 @@ def abc(q, k, v, w, *, scale=None, initial_state=None, output_final_state=False,
     h1 = h2 = z0 = None
     if initial_state is not None:
         h1, h2, z0 = initial_state
-    phi, zT = _cumulative_softmax(w, z0, cu_seqlens)
+    phi, zT = _cumulative_softmax(w, z0, cu_seqlens, backend)
     o, S = gsa(q, k, v, phi, None, scale=scale, initial_state=None if h1 is None else (h1, h2),
                output_final_state=output_final_state, cu_seqlens=cu_seqlens, chunk_size=chunk_size,
                backend=backend)
     return o, (S + (zT,) if output_final_state else None)
 
 
-def _cumulative_softmax(w, z0, cu_seqlens):
+def _cumulative_softmax(w, z0, cu_seqlens, backend="auto"):
     """φ = exp(w − z) with z_t = log(exp(z0) + Σ_{j<=t} exp(w_j)) per sequence (z0: its state, or nothing), and z at
-    each sequence's last step. Packed, one scan over all tokens, no padding and no read of cu_seqlens' values (a
-    torch.compile trace cannot read them): each sequence's logits are raised by its index times a margin, their
-    finite spread + 800, so every earlier sequence's terms fall below exp(−800) of the current one's (0 in float64)
-    and drop out of the sum; the offset comes off after the scan, an error of about (margin · N) float64 ulps."""
+    each sequence's last step. On the Triton backend (w not float64), one kernel each way in float32 with the
+    logsumexp's pairs (ula/ops/_abc_softmax_kernels.py). Otherwise PyTorch, packed with one scan over all tokens, no
+    padding and no read of cu_seqlens' values (a torch.compile trace cannot read them): each sequence's logits are
+    raised by its index times a margin, their finite spread + 800, so every earlier sequence's terms fall below
+    exp(−800) of the current one's (0 in float64) and drop out of the sum; the offset comes off after the scan, an
+    error of about (margin · N) float64 ulps."""
+    if w.dtype != torch.float64 and runs_triton(backend, w.device):
+        from ._abc_softmax_op import cumulative_softmax
+        return cumulative_softmax(w, z0, cu_seqlens)
     # the running log-normalizer is a scan in float64: at |w| ~ 1e4 float32 spacing (~1e-3) would blur w - z
     out_dt = torch.float64 if w.dtype == torch.float64 else torch.float32
     wd = w.double()

@@ -1,0 +1,71 @@
+"""ABC's cumulative softmax on its Triton kernels (ula/ops/_abc_softmax_kernels.py): an autograd Function for eager
+calls, a custom op pair (ula/core/custom_ops.py) while torch.compile traces. The PyTorch form's float64
+logcumsumexp took 2.3 ms of ABC's 7.6 ms eagerly (B2 T8192 H16 m = 64, H100), and compiled, Inductor's own float64
+scans 13.7 ms (benchmarks/RESULTS.md, GPU session 36). The kernels size their grids from shapes and read cu_seqlens
+on the device, so the op stays inside torch.compile's CUDA graphs."""
+from typing import List, Optional, Tuple
+
+import torch
+from torch import Tensor
+
+from ..core.custom_ops import define_pair, fake_like, or_empty
+from ._abc_softmax_kernels import _carry_rows, _tiles, backward, forward
+
+
+class _CumulativeSoftmax(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, w, z0, cu, grad):
+        phi, zT, carry = forward(w, z0, cu, grad)
+        ctx.save_for_backward(w, z0, cu, carry)
+        ctx.set_materialize_grads(False)
+        return phi, zT
+
+    @staticmethod
+    def backward(ctx, gphi, gzT):
+        w, z0, cu, carry = ctx.saved_tensors
+        dw, dz0 = backward(w, z0, cu, carry, gphi, gzT)
+        return dw, (None if dz0 is None else dz0.to(z0.dtype)), None, None
+
+
+def _fwd(w: Tensor, z0: Optional[Tensor], cu: Optional[Tensor]) -> Tuple[Tensor, Tensor, Tensor]:
+    return forward(w, z0, cu, True)
+
+
+def _fwd_fake(w, z0, cu):
+    B, T, H, M = w.shape
+    N = B if cu is None else cu.shape[0] - 1
+    f32 = torch.float32
+    return (w.new_empty((B, T, H, M), dtype=f32), w.new_empty((N, H, M), dtype=f32),
+            w.new_empty((_carry_rows(B * T, N, _tiles()[0]), 2, H, M), dtype=f32))
+
+
+def _bwd(w: Tensor, z0: Optional[Tensor], cu: Optional[Tensor], carry: Tensor, gphi: Optional[Tensor],
+         gzT: Optional[Tensor]) -> List[Tensor]:
+    dw, dz0 = backward(w, z0, cu, carry, gphi, gzT)
+    return [dw, or_empty(dz0 if dz0 is None else dz0.to(z0.dtype), w)]
+
+
+def _bwd_fake(w, z0, cu, carry, gphi, gzT):
+    return [w.new_empty(w.shape), fake_like(z0, w)]
+
+
+def _setup(ctx, inputs, output):
+    w, z0, cu = inputs
+    ctx.save_for_backward(w, z0, cu, output[2])
+
+
+def _grads(ctx, gphi, gzT, _gcarry, bwd):
+    w, z0, cu, carry = ctx.saved_tensors
+    dw, dz0 = bwd(w, z0, cu, carry, gphi, gzT)
+    return dw, (dz0 if z0 is not None else None), None
+
+
+_softmax_fwd, _ = define_pair("abc_softmax", _fwd, _fwd_fake, _bwd, _bwd_fake, _setup, _grads)
+
+
+def cumulative_softmax(w, z0, cu_seqlens):
+    """(φ [B, T, H, m] float32, z_T [N, H, m] float32) as gsa.py's `_cumulative_softmax`, on the kernels."""
+    cu = None if cu_seqlens is None else cu_seqlens.to(w.device)
+    if torch.compiler.is_compiling():
+        return tuple(_softmax_fwd(w, z0, cu)[:2])
+    return _CumulativeSoftmax.apply(w, z0, cu, torch.is_grad_enabled())  # (grad mode is off inside forward)
