@@ -1,6 +1,6 @@
-"""ABC's cumulative softmax alone (ula/ops/_abc_softmax_kernels.py): forward and forward+backward medians of CUDA-graph
-replays per tiling (steps BT, slots BM, warps; `ULA_TUNE_ABC_SOFTMAX` by hand), φ against the PyTorch form's (float64
-logcumsumexp; ABC's totals time it).
+"""ABC's cumulative softmax alone (ula/ops/_abc_softmax_kernels.py): forward and forward+backward medians of
+CUDA-graph replays per tiling (steps BT, slots BM, warps, pieces; `ULA_TUNE_ABC_SOFTMAX` by hand), φ against the
+PyTorch form's (float64 logcumsumexp; ABC's totals time it).
 B2 T8192 H16 m = 64, w bf16 (a projection's output), φ float32, no initial state.
 Run: PYTHONPATH=. python3 benchmarks/gpu_abc_softmax_tiles.py [--tiles "64,16,4;256,16,4"] [--shape B,T,H,M]"""
 import argparse
@@ -15,7 +15,7 @@ from ula.ops.gsa import _cumulative_softmax
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--tiles", default="64,16,4;128,16,4;256,16,4;512,16,8;64,4,1;128,8,2;256,8,4;256,32,8")
+    ap.add_argument("--tiles", default="64,16,2,64;64,32,4,64;128,16,4,64;32,16,1,64;64,8,1,64")
     ap.add_argument("--shape", default="2,8192,16,64")
     a = ap.parse_args()
     B, T, H, M = (int(x) for x in a.shape.split(","))

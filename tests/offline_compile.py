@@ -28,11 +28,12 @@ def record(run):
     assert os.environ.get("TRITON_INTERPRET") != "1", "kernels defined under the interpreter cannot be compiled"
     from ula.core.triton import cumsum, decay_grad, output, state, step  # noqa: F401  (defines the kernels)
     from ula.core.triton import entry, state_join  # noqa: F401  (context parallelism's entry term; the segments' join)
-    from ula.ops import _l2norm, _mlstm_epilogue, _mlstm_gate_kernels, _normalized_epilogue  # noqa: F401
+    from ula.ops import _abc_softmax_kernels, _l2norm, _mlstm_epilogue, _mlstm_gate_kernels  # noqa: F401
+    from ula.ops import _normalized_epilogue  # noqa: F401
     mods = [sys.modules[f"ula.core.triton.{m}"] for m in ("cumsum", "decay_grad", "output", "state", "step", "entry",
                                                           "state_join")]
     mods += [sys.modules[f"ula.ops.{m}"] for m in ("_mlstm_gate_kernels", "_mlstm_epilogue", "_normalized_epilogue",
-                                                   "_l2norm")]  # the families' own
+                                                   "_l2norm", "_abc_softmax_kernels")]  # the families' own
     seen = {}
 
     def fake_launch(kernel, grid, *args, num_warps=4, num_stages=None, **constexprs):
@@ -179,6 +180,12 @@ def core_cases(B=2, T=300, H=2, K=128, V=128, dtype=torch.bfloat16):
         q, k, v, s = r(B, T, H, K), r(B, T, H, K), r(B, T, H, V), r(B, T, H, 64)
         o, S = ula.gsa(q, k, v, s, lsig(B, T, H, 64), output_final_state=True, backend="triton")
         (o.float().sum() + S[0].sum() + S[1].sum()).backward()
+        # ABC's cumulative softmax (ula/ops/_abc_softmax_kernels.py), packed with an initial state, bf16 logits
+        cu = torch.tensor([0, 7, 250, B * T])
+        q, k, v, w = r(1, B * T, H, K), r(1, B * T, H, K), r(1, B * T, H, V), r(1, B * T, H, 64)
+        z0 = (torch.zeros(3, H, K, 64), torch.zeros(3, H, 64, V), torch.zeros(3, H, 64).requires_grad_())
+        o, S = ula.abc(q, k, v, w, initial_state=z0, output_final_state=True, cu_seqlens=cu, backend="triton")
+        (o.float().sum() + S[2].sum()).backward()
         # context parallelism's entry term (ula/core/triton/entry.py), scalar and vector decays
         from ula.core.cp_entry import add_entry_term
         for gl in (lsig(B, T, H, 1), lsig(B, T, H, K)):

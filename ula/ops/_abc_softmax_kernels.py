@@ -1,4 +1,4 @@
-"""ABC's cumulative softmax (ula/ops/gsa.py `_cumulative_softmax`) as Triton kernels, one launch each way.
+"""ABC's cumulative softmax (ula/ops/gsa.py `_cumulative_softmax`) as Triton kernels, two launches each way.
 
 Per sequence, head and slot, along time t, from the slot logits w and the initial log-normalizer z0 (or none):
 
@@ -7,25 +7,36 @@ Per sequence, head and slot, along time t, from the slot logits w and the initia
 The PyTorch form takes a float64 logcumsumexp, because float32's spacing at |w| ~ 1e4 (~1e-3) would blur w − z. Here
 z is never formed: the scan carries pairs (M, S), M the running max of the logits and S = Σ exp(w_j − M) (the
 logsumexp's combine), so φ_t = exp(w_t − M_t) / S_t with w_t − M_t a difference of two logits (exact where they are
-within a factor of 2) and S_t in [1, t + 1]: float32 is enough. One program walks a (sequence, head, block of slots)
-in blocks of BT steps, with tl.associative_scan in the block and the pair carried between blocks. The forward writes
-φ (float32), z_T and, for the backward, the pair entering each block.
+within a factor of 2) and S_t in [1, t + 1]: float32 is enough.
 
 Backward, with u_t = φ_t dφ_t less dz_T at the last step, and z_j − z_t <= 0 for t >= j:
 
-    dw_j = φ_j dφ_j − φ_j A_j,   A_j = Σ_{t>=j} u_t exp(z_j − z_t) = u_j + b_j A_{j+1},   b_j = exp(z_j − z_{j+1}),
-    dz0 = −exp(z0 − z_first) A_first.
+    dw_j = φ_j dφ_j − φ_j A_j,   A_j = Σ_{t>=j} u_t exp(z_j − z_t) = u_j + b_j A_{j+1},
+    b_j = exp(z_j − z_{j+1}),   dz0 = −exp(z0 − z_first) A_first.
 
 b_j <= 1, so the reverse recurrence is stable at any spread of the logits; z_j − z_{j+1} is formed from the pairs as
-(M_j − M_{j+1}) + log(S_j / S_{j+1}), without z's rounding. The backward walks the blocks in reverse: it recomputes
-each block's pairs from its entering pair, and the pairs one step ahead from the block shifted by one step, flips the
-block's (b, u) (tl.flip) and scans them forward as affine maps, with A carried back between blocks."""
+(M_j − M_{j+1}) + log(S_j / S_{j+1}), without z's rounding; the pairs one step ahead come from the block shifted by
+one step. In a block, the recurrence's steps are affine maps A ↦ u + b A, scanned in reverse order (tl.flip, then a
+forward scan: no reliance on a reverse scan's argument order).
+
+Blocks of BT steps and BM slots, each a program, numbered flat as mLSTMexp's gate kernels number theirs
+(ula/ops/_packed_blocks.py: a packed sequence's blocks are one run, found from cu_seqlens on the device). Three
+launches each way. Forward: (1) each block's pair (the first block of a sequence with z0's folded in) and whether
+it starts a sequence; (2) a segmented scan of those pairs over all blocks, one program per head and slot
+block, NP blocks at a time; (3) each block from the pair entering it: its φ, z_T in a sequence's last block, and the
+entering pair kept for the backward. Backward: (1) each block's composite map (A at its first step from A after its
+last); (2) the maps composed from the end, A at each block's first step;
+(3) each block's dw from A after it (and dz0 in a sequence's first block). Every step reads each block's summary
+once: linear in T. Two earlier forms, measured on an H100 at B2 T8192 H16 m = 64: one program walking each sequence
+(0.76 / 1.68 ms forward / backward; its steps are latency-bound), and each block reading all of its sequence's
+earlier (later) blocks' summaries (f+b 1.28 ms at best, quadratic in T); benchmarks/results/
+abc_softmax_tiles_h100_session36.txt and abc_two_launch_h100_session36.txt."""
 import torch
 import triton
 import triton.language as tl
 
 from ..core.triton.utils import INTERPRET, alloc, cdiv, launch, tuned
-from ._mlstm_gate_kernels import _span
+from ._packed_blocks import _block, _grid, _seq_piece
 
 _NEG_INF = tl.constexpr(float("-inf"))
 
@@ -40,9 +51,27 @@ def _lse_pair(m1, s1, m2, s2):
 
 
 @triton.jit
-def _after(w, pos, ok, hm, H, M, cm, cs):
-    """The pairs (M_t, S_t) of the steps at positions pos (rows of the block; ok: inside the sequence) following the
-    carry (cm, cs), and the logits there (float32, −inf outside)."""
+def _affine(a1, b1, a2, b2):
+    """Two steps of A = b + a A_next, the first later in time (the scans run backwards in time)."""
+    return a2 * a1, b2 + a2 * b1
+
+
+@triton.jit
+def _where(p, cu, N, T, NB, H, M, BT: tl.constexpr, BM: tl.constexpr, NS: tl.constexpr, VARLEN: tl.constexpr):
+    """Program p's block: (its steps' rows in [B * T], which of its (step, slot) are inside the sequence, the offset of
+    its head and slots, its slots, which are < m, first row of the sequence, its length, the block's first step, the
+    flat range [c0, c1) of the sequence's blocks)."""
+    n, bos, L, start, c0, c1 = _block(p, cu, N, T, NB, BT, NS, VARLEN)
+    cols = tl.program_id(2) * BM + tl.arange(0, BM)
+    cok = cols < M
+    rows = tl.arange(0, BT)
+    ok = ((start + rows) < L)[:, None] & cok[None, :]
+    return n, bos + start + rows, ok, tl.program_id(1) * M + cols[None, :], cols, cok, L, start, c0, c1
+
+
+@triton.jit
+def _pairs_after(w, pos, ok, hm, H, M, cm, cs):
+    """The logits (float32, −inf outside) at rows pos, and the pairs (M_t, S_t) of those steps after the carry."""
     x = tl.load(w + (pos[:, None] * H) * M + hm, mask=ok, other=float("-inf")).to(tl.float32)
     pm, ps = tl.associative_scan((x, tl.where(ok, 1.0, 0.0)), 0, _lse_pair)
     m, s = _lse_pair(cm[None, :], cs[None, :], pm, ps)
@@ -50,128 +79,236 @@ def _after(w, pos, ok, hm, H, M, cm, cs):
 
 
 @triton.jit
-def _first_row(x, rows):
-    """x's first row of the block, [BM]."""
-    return tl.sum(tl.where(rows[:, None] == 0, x, 0.0), axis=0)
+def _first_row(x, BT: tl.constexpr):
+    return tl.sum(tl.where((tl.arange(0, BT) == 0)[:, None], x, 0.0), axis=0)
 
 
 @triton.jit
-def _affine(a1, b1, a2, b2):
-    """Two steps of A = b + a A_next, the first later in time (the scan runs backwards in time)."""
-    return a2 * a1, b2 + a2 * b1
+def _last_row(x, BT: tl.constexpr):
+    return tl.sum(tl.where((tl.arange(0, BT) == BT - 1)[:, None], x, tl.zeros_like(x)), axis=0)
 
 
 @triton.jit
-def _abc_softmax_fwd_kernel(w, z0, cu, phi, zT, carry, T, H, M, BT: tl.constexpr, BM: tl.constexpr,
-                            HAS_Z0: tl.constexpr, VARLEN: tl.constexpr, SAVE: tl.constexpr):
-    n, h, mb = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    bos, L = _span(n, cu, T, VARLEN)
-    cols = mb * BM + tl.arange(0, BM)
+def _row2(buf, p, H, M, cols, ok, other0, other1):
+    """The two [m] halves of row p of a [rows, 2, H, m] buffer (this program's head and slots)."""
+    c = buf + ((2 * p) * H + tl.program_id(1)) * M + cols
+    return tl.load(c, mask=ok, other=other0), tl.load(c + H * M, mask=ok, other=other1)
+
+
+@triton.jit
+def _put2(buf, p, H, M, cols, ok, x0, x1):
+    c = buf + ((2 * p) * H + tl.program_id(1)) * M + cols
+    tl.store(c, x0, mask=ok)
+    tl.store(c + H * M, x1, mask=ok)
+
+
+@triton.jit
+def _seg(f1, f2):
+    """A segmented scan's flags: an element flagged starts a segment (the scan restarts there)."""
+    return f1 | f2, f2 != 0
+
+
+@triton.jit
+def _seg_lse(f1, m1, s1, f2, m2, s2):
+    f, restart = _seg(f1, f2)
+    m, s = _lse_pair(m1, s1, m2, s2)
+    return f, tl.where(restart, m2, m), tl.where(restart, s2, s)
+
+
+@triton.jit
+def _abc_softmax_sum_kernel(w, z0, cu, summ, first, T, H, M, N, NB, BT: tl.constexpr, BM: tl.constexpr,
+                            NS: tl.constexpr, HAS_Z0: tl.constexpr, VARLEN: tl.constexpr):
+    p = tl.program_id(0)
+    n, pos, ok, hm, cols, cok, _, _, c0, c1 = _where(p, cu, N, T, NB, H, M, BT, BM, NS, VARLEN)
+    x = tl.load(w + (pos[:, None] * H) * M + hm, mask=ok, other=float("-inf")).to(tl.float32)
+    tm, ts = tl.reduce((x, tl.where(ok, 1.0, 0.0)), 0, _lse_pair)
+    if HAS_Z0:  # a sequence's first block: z0 first
+        zm = tl.load(z0 + (n * H + tl.program_id(1)) * M + cols, mask=cok & (p == c0), other=float("-inf"))
+        tm, ts = _lse_pair(zm.to(tl.float32), tl.where(zm == _NEG_INF, 0.0, 1.0), tm, ts)
+    _put2(summ, p, H, M, cols, cok, tm, ts)
+    if (tl.program_id(1) == 0) & (tl.program_id(2) == 0):  # (blocks past the last sequence: c0 = c1 = p)
+        tl.store(first + p, (p == c0).to(tl.int32))
+
+
+@triton.jit
+def _abc_softmax_scan_kernel(summ, first, incl, nf, H, M, BM: tl.constexpr, NP: tl.constexpr):
+    """The blocks' pairs scanned in order, restarting at each sequence: incl[p] the pair after block p."""
+    h = tl.program_id(0)
+    cols = tl.program_id(1) * BM + tl.arange(0, BM)
     cok = cols < M
-    rows = tl.arange(0, BT)
-    hm = h * M + cols[None, :]
+    cf = tl.zeros((1, BM), tl.int32)
+    cm = tl.full((1, BM), float("-inf"), tl.float32)
+    cs = tl.zeros((1, BM), tl.float32)
+    for q0 in range(0, nf, NP):
+        q = q0 + tl.arange(0, NP)
+        qok = (q < nf)[:, None] & cok[None, :]
+        f = tl.load(first + q, mask=q < nf, other=1)[:, None] + tl.zeros((1, BM), tl.int32)
+        m = tl.load(summ + ((2 * q[:, None]) * H + h) * M + cols[None, :], mask=qok, other=float("-inf"))
+        s = tl.load(summ + ((2 * q[:, None] + 1) * H + h) * M + cols[None, :], mask=qok, other=0.0)
+        pf, pm, ps = tl.associative_scan((f, m, s), 0, _seg_lse)
+        rf, rm, rs = _seg_lse(cf, cm, cs, pf, pm, ps)
+        tl.store(incl + ((2 * q[:, None]) * H + h) * M + cols[None, :], rm, mask=qok)
+        tl.store(incl + ((2 * q[:, None] + 1) * H + h) * M + cols[None, :], rs, mask=qok)
+        cf = _last_row(rf, NP)[None, :]
+        cm = _last_row(rm, NP)[None, :]
+        cs = _last_row(rs, NP)[None, :]
+
+
+@triton.jit
+def _abc_softmax_fwd_kernel(w, z0, cu, incl, phi, zT, carry, T, H, M, N, NB, BT: tl.constexpr, BM: tl.constexpr,
+                            NS: tl.constexpr, HAS_Z0: tl.constexpr, VARLEN: tl.constexpr, SAVE: tl.constexpr):
+    p = tl.program_id(0)
+    n, pos, ok, hm, cols, cok, L, start, c0, c1 = _where(p, cu, N, T, NB, H, M, BT, BM, NS, VARLEN)
+    cm, cs = _row2(incl, p - 1, H, M, cols, cok & (p > c0), float("-inf"), 0.0)  # the pair after the block before
     if HAS_Z0:
-        cm = tl.load(z0 + (n * H + h) * M + cols, mask=cok, other=0.0).to(tl.float32)
-        cs = tl.where(cok, 1.0, 0.0)
-    else:
-        cm = tl.full((BM,), float("-inf"), tl.float32)
-        cs = tl.zeros((BM,), tl.float32)
-    slot = bos // BT + n  # this sequence's first block in `carry` (unique: see _carry_rows)
-    for start in range(0, L, BT):
-        if SAVE:
-            c = carry + ((2 * (slot + start // BT)) * H + h) * M + cols
-            tl.store(c, cm, mask=cok)
-            tl.store(c + H * M, cs, mask=cok)
-        ok = ((start + rows) < L)[:, None] & cok[None, :]
-        pos = bos + start + rows
-        x, m, s = _after(w, pos, ok, hm, H, M, cm, cs)
-        tl.store(phi + (pos[:, None] * H) * M + hm, tl.exp(x - m) / s, mask=ok)
-        tm, ts = tl.reduce((x, tl.where(ok, 1.0, 0.0)), 0, _lse_pair)
-        cm, cs = _lse_pair(cm, cs, tm, ts)
-    tl.store(zT + (n * H + h) * M + cols, cm + tl.log(cs), mask=cok)
+        zm = tl.load(z0 + (n * H + tl.program_id(1)) * M + cols, mask=cok & (p == c0), other=float("-inf"))
+        cm = tl.where(p == c0, zm.to(tl.float32), cm)
+        cs = tl.where(p == c0, tl.where(cm == _NEG_INF, 0.0, 1.0), cs)
+    live = cok & (p < c1)  # (a packed call's blocks past the last sequence write nothing)
+    if SAVE:
+        _put2(carry, p, H, M, cols, live, cm, cs)
+    x, m, s = _pairs_after(w, pos, ok, hm, H, M, cm, cs)
+    tl.store(phi + (pos[:, None] * H) * M + hm, tl.exp(x - m) / s, mask=ok)
+    em, es = _row2(incl, p, H, M, cols, live, 0.0, 1.0)
+    tl.store(zT + (n * H + tl.program_id(1)) * M + cols, em + tl.log(es), mask=live & (p == c1 - 1))
 
 
 @triton.jit
-def _abc_softmax_bwd_kernel(w, z0, cu, carry, gphi, gzT, dw, dz0, T, H, M, BT: tl.constexpr, BM: tl.constexpr,
-                            HAS_Z0: tl.constexpr, HAS_GZT: tl.constexpr, VARLEN: tl.constexpr):
-    n, h, mb = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    bos, L = _span(n, cu, T, VARLEN)
-    cols = mb * BM + tl.arange(0, BM)
-    cok = cols < M
+def _bwd_block(w, carry, gphi, gzT, p, n, pos, ok, hm, cols, cok, L, start, H, M, BT: tl.constexpr,
+               HAS_GZT: tl.constexpr):
+    """The block's φ, dφ and its steps' maps scanned from its end: (φ, dφ, a, c, pairs (m, s)),
+    A_t = c_t + a_t A_next (A_next: A at the step after the block), a and c in reversed step order."""
+    cm, cs = _row2(carry, p, H, M, cols, cok, 0.0, 0.0)
+    x, m, s = _pairs_after(w, pos, ok, hm, H, M, cm, cs)
     rows = tl.arange(0, BT)
-    hm = h * M + cols[None, :]
-    slot = bos // BT + n
-    gz = tl.zeros((BM,), tl.float32)
+    ok1 = ((start + rows + 1) < L)[:, None] & cok[None, :]  # the pairs one step ahead, for b
+    _, m1, s1 = _pairs_after(w, pos + 1, ok1, hm, H, M, _first_row(m, BT), _first_row(s, BT))
+    ph = tl.where(ok, tl.exp(x - m) / s, 0.0)
+    g = tl.load(gphi + (pos[:, None] * H) * M + hm, mask=ok, other=0.0).to(tl.float32)
+    u = ph * g
     if HAS_GZT:
-        gz = tl.load(gzT + (n * H + h) * M + cols, mask=cok, other=0.0).to(tl.float32)
-    A_next = tl.zeros((BM,), tl.float32)
-    nb = (L + BT - 1) // BT
-    for i in range(0, nb):
-        start = (nb - 1 - i) * BT
-        c = carry + ((2 * (slot + start // BT)) * H + h) * M + cols
-        cm = tl.load(c, mask=cok, other=0.0)
-        cs = tl.load(c + H * M, mask=cok, other=0.0)
-        ok = ((start + rows) < L)[:, None] & cok[None, :]
-        pos = bos + start + rows
-        x, m, s = _after(w, pos, ok, hm, H, M, cm, cs)
-        # the pairs one step ahead: the block shifted by one step, after the pair of its first step
-        ok1 = ((start + rows + 1) < L)[:, None] & cok[None, :]
-        _, m1, s1 = _after(w, pos + 1, ok1, hm, H, M, _first_row(m, rows), _first_row(s, rows))
-        ph = tl.where(ok, tl.exp(x - m) / s, 0.0)
-        g = tl.load(gphi + (pos[:, None] * H) * M + hm, mask=ok, other=0.0).to(tl.float32)
-        u = ph * g - tl.where(((start + rows) == L - 1)[:, None], gz[None, :], 0.0)
-        b = tl.where(ok1, tl.exp((m - m1) + tl.log(s / s1)), 0.0)  # (past the end: A_next is 0 there)
-        a_r, c_r = tl.associative_scan((tl.flip(b, 0), tl.flip(u, 0)), 0, _affine)
-        A = tl.flip(c_r + a_r * A_next[None, :], 0)
-        tl.store(dw + (pos[:, None] * H) * M + hm, ph * g - ph * A, mask=ok)
-        A_next = _first_row(A, rows)
-        if HAS_Z0:
-            if start == 0:
-                zf = tl.where(cok, _first_row(m, rows) + tl.log(_first_row(s, rows)), 0.0)  # (slots past m: 0)
-                zz = tl.load(z0 + (n * H + h) * M + cols, mask=cok, other=0.0).to(tl.float32)
-                tl.store(dz0 + (n * H + h) * M + cols, -tl.exp(zz - zf) * A_next, mask=cok)
-    if HAS_Z0:
-        if nb == 0:  # an empty sequence: z_T = z0
-            tl.store(dz0 + (n * H + h) * M + cols, gz, mask=cok)
+        gz = tl.load(gzT + (n * H + tl.program_id(1)) * M + cols, mask=cok, other=0.0).to(tl.float32)
+        u -= tl.where(((start + rows) == L - 1)[:, None], gz[None, :], 0.0)
+    b = tl.where(ok1, tl.exp((m - m1) + tl.log(s / s1)), 0.0)  # (past the end: 0, A_next is 0 there)
+    a, c = tl.associative_scan((tl.flip(b, 0), tl.flip(u, 0)), 0, _affine)
+    return ph, g, a, c, m, s
+
+
+@triton.jit
+def _abc_softmax_map_kernel(w, cu, carry, gphi, gzT, maps, T, H, M, N, NB, BT: tl.constexpr,
+                            BM: tl.constexpr, NS: tl.constexpr, HAS_GZT: tl.constexpr, VARLEN: tl.constexpr):
+    p = tl.program_id(0)
+    n, pos, ok, hm, cols, cok, L, start, c0, c1 = _where(p, cu, N, T, NB, H, M, BT, BM, NS, VARLEN)
+    _, _, a, c, _, _ = _bwd_block(w, carry, gphi, gzT, p, n, pos, ok, hm, cols, cok, L, start, H, M, BT, HAS_GZT)
+    _put2(maps, p, H, M, cols, cok, _last_row(a, BT), _last_row(c, BT))  # the block's first step's map
+
+
+@triton.jit
+def _abc_softmax_rscan_kernel(maps, afirst, nf, H, M, BM: tl.constexpr, NP: tl.constexpr):
+    """The blocks' maps composed from the end: afirst[p] = A at block p's first step. No restart is needed at a
+    sequence's end: its last step's b is 0 (no later step), so its last block's map drops what follows."""
+    h = tl.program_id(0)
+    cols = tl.program_id(1) * BM + tl.arange(0, BM)
+    cok = cols < M
+    ca = tl.full((1, BM), 1.0, tl.float32)
+    cc = tl.zeros((1, BM), tl.float32)
+    for q0 in range(0, nf, NP):
+        q = nf - 1 - q0 - tl.arange(0, NP)  # descending: the scan runs backwards in time
+        qok = (q >= 0)[:, None] & cok[None, :]
+        a = tl.load(maps + ((2 * q[:, None]) * H + h) * M + cols[None, :], mask=qok, other=1.0)
+        c = tl.load(maps + ((2 * q[:, None] + 1) * H + h) * M + cols[None, :], mask=qok, other=0.0)
+        pa, pc = tl.associative_scan((a, c), 0, _affine)
+        ra, rc = _affine(ca, cc, pa, pc)
+        tl.store(afirst + (q[:, None] * H + h) * M + cols[None, :], rc, mask=qok)
+        ca = _last_row(ra, NP)[None, :]
+        cc = _last_row(rc, NP)[None, :]
+
+
+@triton.jit
+def _abc_softmax_bwd_kernel(w, z0, cu, carry, afirst, gphi, gzT, dw, dz0, T, H, M, N, NB, BT: tl.constexpr,
+                            BM: tl.constexpr, NS: tl.constexpr, HAS_Z0: tl.constexpr, HAS_GZT: tl.constexpr,
+                            VARLEN: tl.constexpr):
+    p = tl.program_id(0)
+    n, pos, ok, hm, cols, cok, L, start, c0, c1 = _where(p, cu, N, T, NB, H, M, BT, BM, NS, VARLEN)
+    A = tl.load(afirst + ((p + 1) * H + tl.program_id(1)) * M + cols, mask=cok & (p + 1 < c1), other=0.0)
+    ph, g, a, c, m, s = _bwd_block(w, carry, gphi, gzT, p, n, pos, ok, hm, cols, cok, L, start, H, M, BT, HAS_GZT)
+    Ab = tl.flip(c + a * A[None, :], 0)
+    tl.store(dw + (pos[:, None] * H) * M + hm, ph * g - ph * Ab, mask=ok)
+    if HAS_Z0:  # dz0 = −exp(z0 − z_first) A_first; an empty sequence (one block, L = 0): z_T = z0, dz0 = dz_T
+        zz = tl.load(z0 + (n * H + tl.program_id(1)) * M + cols, mask=cok, other=0.0).to(tl.float32)
+        zf = tl.where(cok, _first_row(m, BT) + tl.log(_first_row(s, BT)), 0.0)
+        d = -tl.exp(zz - zf) * _first_row(Ab, BT)
+        if HAS_GZT:
+            gz = tl.load(gzT + (n * H + tl.program_id(1)) * M + cols, mask=cok, other=0.0).to(tl.float32)
+            d = tl.where(L == 0, gz, d)
+        else:
+            d = tl.where(L == 0, 0.0, d)
+        tl.store(dz0 + (n * H + tl.program_id(1)) * M + cols, d, mask=cok & (p == c0) & (p < c1))
 
 
 def _tiles():
-    """(BT steps, BM slots, warps). The interpreter takes short blocks and few slots, so tests cross both."""
-    return tuned("abc_softmax", (8, 4, 1) if INTERPRET else (64, 16, 4))
+    """(BT steps, BM slots, warps, NP blocks a scan program reads at a time). The interpreter takes short blocks,
+    few slots and short pieces, so that tests cross all three. BT, BM and warps: the fastest f+b of 5 tilings on an
+    H100 at B2 T8192 H16 m = 64 of the quadratic form before this one (32 x 16 at 1 warp, 1.28 ms; 64 x 16 at 2
+    warps 1.93: benchmarks/results/abc_two_launch_h100_session36.txt); not yet measured with the scans."""
+    return tuned("abc_softmax", (8, 4, 1, 4) if INTERPRET else (32, 16, 1, 256))
 
 
-def _carry_rows(T, N, BT):
-    """Rows of the carry buffer: sequence n's blocks take rows bos // BT + n onwards, unique because a sequence of
-    L steps has cdiv(L, BT) <= (bos + L) // BT − bos // BT + 1 blocks; at most T // BT + N + 1 rows in all."""
-    return T // BT + N + 1
+def _plan(w, cu):
+    B, T, H, M = w.shape
+    N = B if cu is None else cu.numel() - 1
+    BT, BM, W, NP = _tiles()
+    nf, NB = _grid(B, T, N, BT, cu is not None)
+    return B, T, H, M, N, nf, NB, BT, BM, W, NP
+
+
+def block_rows(B, T, N, varlen):
+    """Rows of the per-block buffers (the flat blocks' bound, ula/ops/_packed_blocks.py `_grid`)."""
+    return _grid(B, T, N, _tiles()[0], varlen)[0]
 
 
 def forward(w, z0, cu, save):
-    """(φ [B, T, H, m] float32, z_T [N, H, m] float32, the carry buffer or None) of w [B, T, H, m] (B == 1 with cu)."""
-    B, T, H, M = w.shape
-    N = B if cu is None else cu.numel() - 1
-    BT, BM, W = _tiles()
+    """(φ [B, T, H, m] float32, z_T [N, H, m] float32, the blocks' entering pairs or None) of w [B, T, H, m] (B == 1
+    with cu)."""
+    B, T, H, M, N, nf, NB, BT, BM, W, NP = _plan(w, cu)
     w = w.contiguous()
-    phi = alloc((B, T, H, M), w.device)
-    zT = alloc((N, H, M), w.device)
-    carry = alloc((_carry_rows(B * T, N, BT), 2, H, M), w.device) if save else zT
-    launch(_abc_softmax_fwd_kernel, (N, H, cdiv(M, BM)), w, zT if z0 is None else z0.contiguous(),
-           zT if cu is None else cu, phi, zT, carry, T, H, M, BT=BT, BM=BM, HAS_Z0=z0 is not None,
-           VARLEN=cu is not None, SAVE=save, num_warps=W)
+    z0 = None if z0 is None else z0.contiguous()
+    dev = w.device
+    phi = alloc((B, T, H, M), dev)
+    zT = alloc((N, H, M), dev)
+    summ = alloc((nf, 2, H, M), dev)
+    incl = alloc((nf, 2, H, M), dev)
+    first = alloc((nf,), dev).view(torch.int32)  # (through alloc's float32: poisoned in tests)
+    carry = alloc((nf, 2, H, M), dev) if save else summ
+    cu_, z0_ = (summ if cu is None else cu), (summ if z0 is None else z0)
+    grid = (nf, H, cdiv(M, BM))
+    flags = dict(NS=_seq_piece(NP), HAS_Z0=z0 is not None, VARLEN=cu is not None)
+    launch(_abc_softmax_sum_kernel, grid, w, z0_, cu_, summ, first, T, H, M, N, NB, BT=BT, BM=BM, **flags,
+           num_warps=W)
+    launch(_abc_softmax_scan_kernel, (H, cdiv(M, BM)), summ, first, incl, nf, H, M, BM=BM, NP=NP, num_warps=8)
+    launch(_abc_softmax_fwd_kernel, grid, w, z0_, cu_, incl, phi, zT, carry, T, H, M, N, NB, BT=BT, BM=BM, **flags,
+           SAVE=save, num_warps=W)
     return phi, zT, (carry if save else None)
 
 
 def backward(w, z0, cu, carry, gphi, gzT):
     """(dw in w's dtype, dz0 float32 or None) from dφ (any float dtype, or None: zeros) and dz_T (or None)."""
-    B, T, H, M = w.shape
-    N = B if cu is None else cu.numel() - 1
-    BT, BM, W = _tiles()
+    B, T, H, M, N, nf, NB, BT, BM, W, NP = _plan(w, cu)
     w = w.contiguous()
+    dev = w.device
     gphi = torch.zeros_like(w, dtype=torch.float32) if gphi is None else gphi.contiguous()
-    dw = alloc((B, T, H, M), w.device, w.dtype)
-    dz0 = alloc((N, H, M), w.device) if z0 is not None else None
-    launch(_abc_softmax_bwd_kernel, (N, H, cdiv(M, BM)), w, carry if z0 is None else z0.contiguous(),
-           carry if cu is None else cu, carry, gphi, carry if gzT is None else gzT.contiguous(), dw,
-           carry if dz0 is None else dz0, T, H, M, BT=BT, BM=BM, HAS_Z0=z0 is not None, HAS_GZT=gzT is not None,
-           VARLEN=cu is not None, num_warps=W)
+    gzT = None if gzT is None else gzT.contiguous()
+    dw = alloc((B, T, H, M), dev, w.dtype)
+    dz0 = alloc((N, H, M), dev) if z0 is not None else None
+    maps = alloc((nf, 2, H, M), dev)
+    afirst = alloc((nf, H, M), dev)
+    cu_, gz_ = (carry if cu is None else cu), (carry if gzT is None else gzT)
+    grid = (nf, H, cdiv(M, BM))
+    flags = dict(NS=_seq_piece(NP), HAS_GZT=gzT is not None, VARLEN=cu is not None)
+    launch(_abc_softmax_map_kernel, grid, w, cu_, carry, gphi, gz_, maps, T, H, M, N, NB, BT=BT, BM=BM, **flags,
+           num_warps=W)
+    launch(_abc_softmax_rscan_kernel, (H, cdiv(M, BM)), maps, afirst, nf, H, M, BM=BM, NP=NP, num_warps=8)
+    launch(_abc_softmax_bwd_kernel, grid, w, carry if z0 is None else z0.contiguous(), cu_, carry, afirst, gphi, gz_,
+           dw, carry if dz0 is None else dz0, T, H, M, N, NB, BT=BT, BM=BM, HAS_Z0=z0 is not None, **flags,
+           num_warps=W)
     return dw, dz0

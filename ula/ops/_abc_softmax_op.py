@@ -1,7 +1,9 @@
 """ABC's cumulative softmax on its Triton kernels (ula/ops/_abc_softmax_kernels.py): an autograd Function for eager
 calls, a custom op pair (ula/core/custom_ops.py) while torch.compile traces. The PyTorch form's float64
 logcumsumexp took 2.3 ms of ABC's 7.6 ms eagerly (B2 T8192 H16 m = 64, H100), and compiled, Inductor's own float64
-scans 13.7 ms (benchmarks/RESULTS.md, GPU session 36). The kernels size their grids from shapes and read cu_seqlens
+scans 13.7 ms. With an earlier form of the kernels (each block reading its sequence's earlier blocks) ABC's f+b
+was 3.3 ms eagerly and 3.7 compiled (benchmarks/RESULTS.md, GPU session 36); today's three-launch form is not yet
+timed on a GPU. The kernels size their grids from shapes and read cu_seqlens
 on the device, so the op stays inside torch.compile's CUDA graphs."""
 from typing import List, Optional, Tuple
 
@@ -9,7 +11,7 @@ import torch
 from torch import Tensor
 
 from ..core.custom_ops import define_pair, fake_like, or_empty
-from ._abc_softmax_kernels import _carry_rows, _tiles, backward, forward
+from ._abc_softmax_kernels import backward, block_rows, forward
 
 
 class _CumulativeSoftmax(torch.autograd.Function):
@@ -36,7 +38,7 @@ def _fwd_fake(w, z0, cu):
     N = B if cu is None else cu.shape[0] - 1
     f32 = torch.float32
     return (w.new_empty((B, T, H, M), dtype=f32), w.new_empty((N, H, M), dtype=f32),
-            w.new_empty((_carry_rows(B * T, N, _tiles()[0]), 2, H, M), dtype=f32))
+            w.new_empty((block_rows(B, T, N, cu is not None), 2, H, M), dtype=f32))
 
 
 def _bwd(w: Tensor, z0: Optional[Tensor], cu: Optional[Tensor], carry: Tensor, gphi: Optional[Tensor],
