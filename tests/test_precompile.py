@@ -139,3 +139,23 @@ def test_dry_launches_are_per_thread(monkeypatch):
         t.join()
     assert not asked, "the other thread's launches became compile requests"
     assert torch.isfinite(results["o"]).all()
+
+
+@pytest.mark.parametrize("packed", [False, True])
+def test_dry_run_of_the_abc_softmax(packed, monkeypatch):
+    """The same for ABC's cumulative-softmax kernels (ula/ops/_abc_softmax_kernels.py): the six of a forward+backward
+    with an initial log-normalizer, without a final state."""
+    from ula.ops import _abc_softmax_op as op
+    g = torch.Generator().manual_seed(5)
+    cu = torch.tensor([0, 13, 2 * T]) if packed else None
+    w = torch.randn(1 if packed else B, 2 * T if packed else T, H, 6, generator=g).requires_grad_()
+    z0 = torch.randn(2 if packed else B, H, 6, generator=g).requires_grad_()
+    asked = set()
+    monkeypatch.setattr(utils, "_warmup", lambda kernel, grid, args, w, cx, s=None: asked.add(_config(kernel, w, cx)))
+    precompile.dry(lambda: op._dry(w, z0, cu, True))
+    launches = record_launches(monkeypatch, lambda kernel, w, cx, s: _config(kernel, w, cx))
+    phi, _ = op.cumulative_softmax(w, z0, cu)
+    (phi * torch.randn(phi.shape, generator=g)).sum().backward()
+    launched = set(launches)
+    assert len(launched) == 6, launched
+    assert launched <= asked, f"launched but not asked for: {launched - asked}"

@@ -65,9 +65,21 @@ def _grads(ctx, gphi, gzT, _gcarry, bwd):
 _softmax_fwd, _ = define_pair("abc_softmax", _fwd, _fwd_fake, _bwd, _bwd_fake, _setup, _grads)
 
 
+def _dry(w, z0, cu, grad):
+    """Forward and (with grad) backward launches of one call, for precompile.py's dry run: dφ float32 as the second
+    pass sends it; dz_T's kernels only with a final state, compiled by its first call if so."""
+    phi, _, carry = forward(w, z0, cu, grad)
+    if grad:
+        backward(w, z0, cu, carry, phi, None)
+
+
 def cumulative_softmax(w, z0, cu_seqlens):
     """(φ [B, T, H, m] float32, z_T [N, H, m] float32) as gsa.py's `_cumulative_softmax`, on the kernels."""
     cu = None if cu_seqlens is None else cu_seqlens.to(w.device)
     if torch.compiler.is_compiling():
         return tuple(_softmax_fwd(w, z0, cu)[:2])
+    if w.is_cuda:  # a new configuration's six kernels compiled in parallel before its first run
+        from ..core.triton.precompile import compile_in_parallel, grad_wanted
+        grad = grad_wanted(w, z0)
+        compile_in_parallel(("abc_softmax", w, z0, cu, grad), w, lambda: _dry(w, z0, cu, grad))
     return _CumulativeSoftmax.apply(w, z0, cu, torch.is_grad_enabled())  # (grad mode is off inside forward)

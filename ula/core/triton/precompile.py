@@ -7,7 +7,8 @@ mostly outside the GIL (MLIR/LLVM passes, ptxas). The real call then finds them 
 Best effort: the dry run's outputs are never read, a launch it misses (host code that reads a kernel's result)
 is compiled serially by the real call as before, and any error inside it is dropped (the real call reports it).
 Once per configuration key per process; skipped under the interpreter, while tracing, or when
-ULA_PRECOMPILE=0. Users: the core op (ula/core/op.py) and the column-of-ones op (ula/core/ones.py)."""
+ULA_PRECOMPILE=0. Users: the core op (ula/core/op.py), the column-of-ones op (ula/core/ones.py), mLSTMexp's gate
+scan, normalized attention's fused Function and ABC's cumulative softmax (ula/ops)."""
 import os
 from concurrent.futures import ThreadPoolExecutor
 
