@@ -16,8 +16,8 @@ Backward, with u_t = φ_t dφ_t less dz_T at the last step, and z_j − z_t <= 0
 
 b_j <= 1, so the reverse recurrence is stable at any spread of the logits; z_j − z_{j+1} is formed from the pairs as
 (M_j − M_{j+1}) + log(S_j / S_{j+1}), without z's rounding; the pairs one step ahead come from the block shifted by
-one step. In a block, the recurrence's steps are affine maps A ↦ u + b A, scanned in reverse order (tl.flip, then a
-forward scan: no reliance on a reverse scan's argument order).
+one step. In a block, the recurrence's steps are affine maps A ↦ u + b A, composed by a forward scan over the block's
+steps loaded in reverse order (whose pairs come from a reverse scan: their combine commutes, the maps' does not).
 
 Blocks of BT steps and BM slots, each a program, numbered flat as mLSTMexp's gate kernels number theirs
 (ula/ops/_packed_blocks.py: a packed sequence's blocks are one run, found from cu_seqlens on the device). Three
@@ -57,30 +57,28 @@ def _affine(a1, b1, a2, b2):
 
 
 @triton.jit
-def _where(p, cu, N, T, NB, H, M, BT: tl.constexpr, BM: tl.constexpr, NS: tl.constexpr, VARLEN: tl.constexpr):
+def _where(p, cu, N, T, NB, H, M, BT: tl.constexpr, BM: tl.constexpr, NS: tl.constexpr, VARLEN: tl.constexpr,
+           REV: tl.constexpr):
     """Program p's block: (its steps' rows in [B * T], which of its (step, slot) are inside the sequence, the offset of
-    its head and slots, its slots, which are < m, first row of the sequence, its length, the block's first step, the
-    flat range [c0, c1) of the sequence's blocks)."""
+    its head and slots, its slots, which are < m, first row of the sequence, its length, its steps in the sequence,
+    the flat range [c0, c1) of the sequence's blocks). REV: the block's steps in reverse order (the backward's)."""
     n, bos, L, start, c0, c1 = _block(p, cu, N, T, NB, BT, NS, VARLEN)
     cols = tl.program_id(2) * BM + tl.arange(0, BM)
     cok = cols < M
-    rows = tl.arange(0, BT)
-    ok = ((start + rows) < L)[:, None] & cok[None, :]
-    return n, bos + start + rows, ok, tl.program_id(1) * M + cols[None, :], cols, cok, L, start, c0, c1
+    steps = start + (BT - 1 - tl.arange(0, BT) if REV else tl.arange(0, BT))
+    ok = (steps < L)[:, None] & cok[None, :]
+    return n, bos + steps, ok, tl.program_id(1) * M + cols[None, :], cols, cok, L, steps, c0, c1
 
 
 @triton.jit
-def _pairs_after(w, pos, ok, hm, H, M, cm, cs):
-    """The logits (float32, −inf outside) at rows pos, and the pairs (M_t, S_t) of those steps after the carry."""
+def _pairs_after(w, pos, ok, hm, H, M, cm, cs, REV: tl.constexpr):
+    """The logits (float32, −inf outside) at rows pos, and the pairs (M_t, S_t) of those steps after the carry. REV:
+    the rows in reverse step order, scanned in reverse (the pairs' combine commutes: the order of its arguments in a
+    reverse scan does not matter)."""
     x = tl.load(w + (pos[:, None] * H) * M + hm, mask=ok, other=float("-inf")).to(tl.float32)
-    pm, ps = tl.associative_scan((x, tl.where(ok, 1.0, 0.0)), 0, _lse_pair)
+    pm, ps = tl.associative_scan((x, tl.where(ok, 1.0, 0.0)), 0, _lse_pair, reverse=REV)
     m, s = _lse_pair(cm[None, :], cs[None, :], pm, ps)
     return x, m, s
-
-
-@triton.jit
-def _first_row(x, BT: tl.constexpr):
-    return tl.sum(tl.where((tl.arange(0, BT) == 0)[:, None], x, 0.0), axis=0)
 
 
 @triton.jit
@@ -119,7 +117,7 @@ def _seg_lse(f1, m1, s1, f2, m2, s2):
 def _abc_softmax_sum_kernel(w, z0, cu, summ, first, T, H, M, N, NB, BT: tl.constexpr, BM: tl.constexpr,
                             NS: tl.constexpr, HAS_Z0: tl.constexpr, VARLEN: tl.constexpr):
     p = tl.program_id(0)
-    n, pos, ok, hm, cols, cok, _, _, c0, c1 = _where(p, cu, N, T, NB, H, M, BT, BM, NS, VARLEN)
+    n, pos, ok, hm, cols, cok, _, _, c0, c1 = _where(p, cu, N, T, NB, H, M, BT, BM, NS, VARLEN, False)
     x = tl.load(w + (pos[:, None] * H) * M + hm, mask=ok, other=float("-inf")).to(tl.float32)
     tm, ts = tl.reduce((x, tl.where(ok, 1.0, 0.0)), 0, _lse_pair)
     if HAS_Z0:  # a sequence's first block: z0 first
@@ -158,7 +156,7 @@ def _abc_softmax_scan_kernel(summ, first, incl, nf, H, M, BM: tl.constexpr, NP: 
 def _abc_softmax_fwd_kernel(w, z0, cu, incl, phi, zT, carry, T, H, M, N, NB, BT: tl.constexpr, BM: tl.constexpr,
                             NS: tl.constexpr, HAS_Z0: tl.constexpr, VARLEN: tl.constexpr, SAVE: tl.constexpr):
     p = tl.program_id(0)
-    n, pos, ok, hm, cols, cok, L, start, c0, c1 = _where(p, cu, N, T, NB, H, M, BT, BM, NS, VARLEN)
+    n, pos, ok, hm, cols, cok, L, _, c0, c1 = _where(p, cu, N, T, NB, H, M, BT, BM, NS, VARLEN, False)
     cm, cs = _row2(incl, p - 1, H, M, cols, cok & (p > c0), float("-inf"), 0.0)  # the pair after the block before
     if HAS_Z0:
         zm = tl.load(z0 + (n * H + tl.program_id(1)) * M + cols, mask=cok & (p == c0), other=float("-inf"))
@@ -167,30 +165,30 @@ def _abc_softmax_fwd_kernel(w, z0, cu, incl, phi, zT, carry, T, H, M, N, NB, BT:
     live = cok & (p < c1)  # (a packed call's blocks past the last sequence write nothing)
     if SAVE:
         _put2(carry, p, H, M, cols, live, cm, cs)
-    x, m, s = _pairs_after(w, pos, ok, hm, H, M, cm, cs)
+    x, m, s = _pairs_after(w, pos, ok, hm, H, M, cm, cs, False)
     tl.store(phi + (pos[:, None] * H) * M + hm, tl.exp(x - m) / s, mask=ok)
     em, es = _row2(incl, p, H, M, cols, live, 0.0, 1.0)
     tl.store(zT + (n * H + tl.program_id(1)) * M + cols, em + tl.log(es), mask=live & (p == c1 - 1))
 
 
 @triton.jit
-def _bwd_block(w, carry, gphi, gzT, p, n, pos, ok, hm, cols, cok, L, start, H, M, BT: tl.constexpr,
+def _bwd_block(w, carry, gphi, gzT, p, n, pos, ok, hm, cols, cok, L, steps, H, M, BT: tl.constexpr,
                HAS_GZT: tl.constexpr):
-    """The block's φ, dφ and its steps' maps scanned from its end: (φ, dφ, a, c, pairs (m, s)),
-    A_t = c_t + a_t A_next (A_next: A at the step after the block), a and c in reversed step order."""
+    """The block's φ, dφ and its steps' maps scanned from its end: (φ, dφ, a, c, pairs (m, s)), the steps in reverse
+    order (pos, ok, steps from `_where(..., REV=True)`): A_t = c_t + a_t A_next, A_next being A at the step after
+    the block. A forward scan over the reversed steps, where the maps' order matters."""
     cm, cs = _row2(carry, p, H, M, cols, cok, 0.0, 0.0)
-    x, m, s = _pairs_after(w, pos, ok, hm, H, M, cm, cs)
-    rows = tl.arange(0, BT)
-    ok1 = ((start + rows + 1) < L)[:, None] & cok[None, :]  # the pairs one step ahead, for b
-    _, m1, s1 = _pairs_after(w, pos + 1, ok1, hm, H, M, _first_row(m, BT), _first_row(s, BT))
+    x, m, s = _pairs_after(w, pos, ok, hm, H, M, cm, cs, True)
+    ok1 = ((steps + 1) < L)[:, None] & cok[None, :]  # the pairs one step ahead, for b
+    _, m1, s1 = _pairs_after(w, pos + 1, ok1, hm, H, M, _last_row(m, BT), _last_row(s, BT), True)
     ph = tl.where(ok, tl.exp(x - m) / s, 0.0)
     g = tl.load(gphi + (pos[:, None] * H) * M + hm, mask=ok, other=0.0).to(tl.float32)
     u = ph * g
     if HAS_GZT:
         gz = tl.load(gzT + (n * H + tl.program_id(1)) * M + cols, mask=cok, other=0.0).to(tl.float32)
-        u -= tl.where(((start + rows) == L - 1)[:, None], gz[None, :], 0.0)
+        u -= tl.where((steps == L - 1)[:, None], gz[None, :], 0.0)
     b = tl.where(ok1, tl.exp((m - m1) + tl.log(s / s1)), 0.0)  # (past the end: 0, A_next is 0 there)
-    a, c = tl.associative_scan((tl.flip(b, 0), tl.flip(u, 0)), 0, _affine)
+    a, c = tl.associative_scan((b, u), 0, _affine)
     return ph, g, a, c, m, s
 
 
@@ -198,9 +196,9 @@ def _bwd_block(w, carry, gphi, gzT, p, n, pos, ok, hm, cols, cok, L, start, H, M
 def _abc_softmax_map_kernel(w, cu, carry, gphi, gzT, maps, T, H, M, N, NB, BT: tl.constexpr,
                             BM: tl.constexpr, NS: tl.constexpr, HAS_GZT: tl.constexpr, VARLEN: tl.constexpr):
     p = tl.program_id(0)
-    n, pos, ok, hm, cols, cok, L, start, c0, c1 = _where(p, cu, N, T, NB, H, M, BT, BM, NS, VARLEN)
-    _, _, a, c, _, _ = _bwd_block(w, carry, gphi, gzT, p, n, pos, ok, hm, cols, cok, L, start, H, M, BT, HAS_GZT)
-    _put2(maps, p, H, M, cols, cok, _last_row(a, BT), _last_row(c, BT))  # the block's first step's map
+    n, pos, ok, hm, cols, cok, L, steps, c0, c1 = _where(p, cu, N, T, NB, H, M, BT, BM, NS, VARLEN, True)
+    _, _, a, c, _, _ = _bwd_block(w, carry, gphi, gzT, p, n, pos, ok, hm, cols, cok, L, steps, H, M, BT, HAS_GZT)
+    _put2(maps, p, H, M, cols, cok, _last_row(a, BT), _last_row(c, BT))  # the map at the block's first step
 
 
 @triton.jit
@@ -229,15 +227,15 @@ def _abc_softmax_bwd_kernel(w, z0, cu, carry, afirst, gphi, gzT, dw, dz0, T, H, 
                             BM: tl.constexpr, NS: tl.constexpr, HAS_Z0: tl.constexpr, HAS_GZT: tl.constexpr,
                             VARLEN: tl.constexpr):
     p = tl.program_id(0)
-    n, pos, ok, hm, cols, cok, L, start, c0, c1 = _where(p, cu, N, T, NB, H, M, BT, BM, NS, VARLEN)
+    n, pos, ok, hm, cols, cok, L, steps, c0, c1 = _where(p, cu, N, T, NB, H, M, BT, BM, NS, VARLEN, True)
     A = tl.load(afirst + ((p + 1) * H + tl.program_id(1)) * M + cols, mask=cok & (p + 1 < c1), other=0.0)
-    ph, g, a, c, m, s = _bwd_block(w, carry, gphi, gzT, p, n, pos, ok, hm, cols, cok, L, start, H, M, BT, HAS_GZT)
-    Ab = tl.flip(c + a * A[None, :], 0)
+    ph, g, a, c, m, s = _bwd_block(w, carry, gphi, gzT, p, n, pos, ok, hm, cols, cok, L, steps, H, M, BT, HAS_GZT)
+    Ab = c + a * A[None, :]
     tl.store(dw + (pos[:, None] * H) * M + hm, ph * g - ph * Ab, mask=ok)
     if HAS_Z0:  # dz0 = −exp(z0 − z_first) A_first; an empty sequence (one block, L = 0): z_T = z0, dz0 = dz_T
         zz = tl.load(z0 + (n * H + tl.program_id(1)) * M + cols, mask=cok, other=0.0).to(tl.float32)
-        zf = tl.where(cok, _first_row(m, BT) + tl.log(_first_row(s, BT)), 0.0)
-        d = -tl.exp(zz - zf) * _first_row(Ab, BT)
+        zf = tl.where(cok, _last_row(m, BT) + tl.log(_last_row(s, BT)), 0.0)  # (the block's first step: last row)
+        d = -tl.exp(zz - zf) * _last_row(Ab, BT)
         if HAS_GZT:
             gz = tl.load(gzT + (n * H + tl.program_id(1)) * M + cols, mask=cok, other=0.0).to(tl.float32)
             d = tl.where(L == 0, gz, d)
