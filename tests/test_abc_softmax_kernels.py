@@ -72,3 +72,21 @@ def test_only_the_final_state_used():
     (dw,) = torch.autograd.grad((cumulative_softmax(wd, None, None)[1] * gz.to(DEVICE)).sum(), wd)
     (ref,) = torch.autograd.grad((_reference(w, None, None)[1] * gz).sum(), w)
     assert rel(dw, ref) < 1e-5, seed
+
+
+def test_half_and_strided_logits():
+    """Logits in float16 and as a strided view (the op takes a contiguous copy): φ and z_T float32, dw in w's dtype,
+    each within half precision's rounding of the float64 reference on the same (rounded) logits."""
+    seed = fresh_seed()
+    base = (torch.randn(2, 6, 2, 23) * 3).half()
+    w = base.transpose(1, 3).detach().to(DEVICE).requires_grad_()  # [2, 23, 2, 6], not contiguous
+    gphi, gz = torch.randn(w.shape).to(DEVICE), torch.randn(2, 2, 6).to(DEVICE)
+    phi, zT = cumulative_softmax(w, None, None)
+    assert phi.dtype == zT.dtype == torch.float32 and not w.is_contiguous()
+    (dw,) = torch.autograd.grad((phi * gphi).sum() + (zT * gz).sum(), w)
+    assert dw.dtype == torch.float16
+    wr = w.detach().cpu().double().requires_grad_()
+    rphi, rzT = _reference(wr, None, None)
+    (rdw,) = torch.autograd.grad((rphi * gphi.cpu()).sum() + (rzT * gz.cpu()).sum(), wr)
+    assert rel(phi, rphi) < 1e-5 and rel(zT, rzT) < 1e-5, seed
+    assert rel(dw, rdw) < 2e-3, (rel(dw, rdw), seed)
