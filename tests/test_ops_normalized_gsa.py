@@ -235,17 +235,17 @@ def test_abc(backend):
     """g = None: ABC with the paper's cumulative-softmax write strengths (Eq. 3-4), plain and varlen; on the Triton
     backend its cumulative softmax runs on its own kernels (ula/ops/_abc_softmax_kernels.py)."""
     seed = fresh_seed()
-    KW = dict(globals()["KW"], backend=backend)
+    kw = dict(KW, backend=backend)
     inp = dict(q=torch.randn(B, T, H, K), k=torch.randn(B, T, H, K), v=torch.randn(B, T, H, V),
                w=torch.randn(B, T, H, M) * 2, h0=None)
-    errs = compare(lambda h0, **x: ula.abc(**x, output_final_state=True, **KW), lambda **x: ref_abc(**x), inp)
+    errs = compare(lambda h0, **x: ula.abc(**x, output_final_state=True, **kw), lambda **x: ref_abc(**x), inp)
     check(errs, seed)
     cu = rand_cu()
     Tn, N = int(cu[-1]), len(cu) - 1
     inp = dict(q=torch.randn(1, Tn, H, K), k=torch.randn(1, Tn, H, K), v=torch.randn(1, Tn, H, V),
                w=torch.randn(1, Tn, H, M) * 2,
                h0=(torch.randn(N, H, K, M), torch.randn(N, H, M, V), torch.randn(N, H, M)))
-    errs = compare(lambda h0, **x: ula.abc(**x, initial_state=h0, output_final_state=True, cu_seqlens=cu, **KW),
+    errs = compare(lambda h0, **x: ula.abc(**x, initial_state=h0, output_final_state=True, cu_seqlens=cu, **kw),
                    lambda h0, **x: per_sequence(ref_abc, cu, x, {}, h0), inp)
     check(errs, seed)
 

@@ -18,6 +18,7 @@ from .autograd import backward_pass, forward_pass
 from .backends import chunk_fn, runs_triton
 from .custom_ops import EMPTY, dense_and_packed, fake_like, or_empty
 
+
 def _state_dtype(q):
     return torch.float64 if q.dtype == torch.float64 else torch.float32
 

@@ -101,6 +101,19 @@ def _put2(buf, p, H, M, cols, ok, x0, x1):
 
 
 @triton.jit
+def _seq_row(buf, n, H, M, cols):
+    """This program's head and slots in row n of a per-sequence [N, H, m] buffer (z0, z_T and their gradients)."""
+    return buf + (n * H + tl.program_id(1)) * M + cols
+
+
+@triton.jit
+def _z0_pair(z0, n, H, M, cols, ok):
+    """z0 as a pair (z0, 1), neutral (−inf, 0) where not ok or z0 is −inf."""
+    zm = tl.load(_seq_row(z0, n, H, M, cols), mask=ok, other=float("-inf")).to(tl.float32)
+    return zm, tl.where(zm == _NEG_INF, 0.0, 1.0)
+
+
+@triton.jit
 def _seg(f1, f2):
     """A segmented scan's flags: an element flagged starts a segment (the scan restarts there)."""
     return f1 | f2, f2 != 0
@@ -121,8 +134,8 @@ def _abc_softmax_sum_kernel(w, z0, cu, summ, first, T, H, M, N, NB, BT: tl.const
     x = tl.load(w + (pos[:, None] * H) * M + hm, mask=ok, other=float("-inf")).to(tl.float32)
     tm, ts = tl.reduce((x, tl.where(ok, 1.0, 0.0)), 0, _lse_pair)
     if HAS_Z0:  # a sequence's first block: z0 first
-        zm = tl.load(z0 + (n * H + tl.program_id(1)) * M + cols, mask=cok & (p == c0), other=float("-inf"))
-        tm, ts = _lse_pair(zm.to(tl.float32), tl.where(zm == _NEG_INF, 0.0, 1.0), tm, ts)
+        zm, zs = _z0_pair(z0, n, H, M, cols, cok & (p == c0))
+        tm, ts = _lse_pair(zm, zs, tm, ts)
     _put2(summ, p, H, M, cols, cok, tm, ts)
     if (tl.program_id(1) == 0) & (tl.program_id(2) == 0):  # (blocks past the last sequence: c0 = c1 = p)
         tl.store(first + p, (p == c0).to(tl.int32))
@@ -158,17 +171,17 @@ def _abc_softmax_fwd_kernel(w, z0, cu, incl, phi, zT, carry, T, H, M, N, NB, BT:
     p = tl.program_id(0)
     n, pos, ok, hm, cols, cok, L, _, c0, c1 = _where(p, cu, N, T, NB, H, M, BT, BM, NS, VARLEN, False)
     cm, cs = _row2(incl, p - 1, H, M, cols, cok & (p > c0), float("-inf"), 0.0)  # the pair after the block before
-    if HAS_Z0:
-        zm = tl.load(z0 + (n * H + tl.program_id(1)) * M + cols, mask=cok & (p == c0), other=float("-inf"))
-        cm = tl.where(p == c0, zm.to(tl.float32), cm)
-        cs = tl.where(p == c0, tl.where(cm == _NEG_INF, 0.0, 1.0), cs)
+    if HAS_Z0:  # a sequence's first block: z0's pair
+        zm, zs = _z0_pair(z0, n, H, M, cols, cok)
+        cm = tl.where(p == c0, zm, cm)
+        cs = tl.where(p == c0, zs, cs)
     live = cok & (p < c1)  # (a packed call's blocks past the last sequence write nothing)
     if SAVE:
         _put2(carry, p, H, M, cols, live, cm, cs)
     x, m, s = _pairs_after(w, pos, ok, hm, H, M, cm, cs, False)
     tl.store(phi + (pos[:, None] * H) * M + hm, tl.exp(x - m) / s, mask=ok)
     em, es = _row2(incl, p, H, M, cols, live, 0.0, 1.0)
-    tl.store(zT + (n * H + tl.program_id(1)) * M + cols, em + tl.log(es), mask=live & (p == c1 - 1))
+    tl.store(_seq_row(zT, n, H, M, cols), em + tl.log(es), mask=live & (p == c1 - 1))
 
 
 @triton.jit
@@ -185,7 +198,7 @@ def _bwd_block(w, carry, gphi, gzT, p, n, pos, ok, hm, cols, cok, L, steps, H, M
     g = tl.load(gphi + (pos[:, None] * H) * M + hm, mask=ok, other=0.0).to(tl.float32)
     u = ph * g
     if HAS_GZT:
-        gz = tl.load(gzT + (n * H + tl.program_id(1)) * M + cols, mask=cok, other=0.0).to(tl.float32)
+        gz = tl.load(_seq_row(gzT, n, H, M, cols), mask=cok, other=0.0).to(tl.float32)
         u -= tl.where((steps == L - 1)[:, None], gz[None, :], 0.0)
     b = tl.where(ok1, tl.exp((m - m1) + tl.log(s / s1)), 0.0)  # (past the end: 0, A_next is 0 there)
     a, c = tl.associative_scan((b, u), 0, _affine)
@@ -233,15 +246,15 @@ def _abc_softmax_bwd_kernel(w, z0, cu, carry, afirst, gphi, gzT, dw, dz0, T, H, 
     Ab = c + a * A[None, :]
     tl.store(dw + (pos[:, None] * H) * M + hm, ph * g - ph * Ab, mask=ok)
     if HAS_Z0:  # dz0 = −exp(z0 − z_first) A_first; an empty sequence (one block, L = 0): z_T = z0, dz0 = dz_T
-        zz = tl.load(z0 + (n * H + tl.program_id(1)) * M + cols, mask=cok, other=0.0).to(tl.float32)
+        zz = tl.load(_seq_row(z0, n, H, M, cols), mask=cok, other=0.0).to(tl.float32)
         zf = tl.where(cok, _last_row(m, BT) + tl.log(_last_row(s, BT)), 0.0)  # (the block's first step: last row)
         d = -tl.exp(zz - zf) * _last_row(Ab, BT)
         if HAS_GZT:
-            gz = tl.load(gzT + (n * H + tl.program_id(1)) * M + cols, mask=cok, other=0.0).to(tl.float32)
+            gz = tl.load(_seq_row(gzT, n, H, M, cols), mask=cok, other=0.0).to(tl.float32)
             d = tl.where(L == 0, gz, d)
         else:
             d = tl.where(L == 0, 0.0, d)
-        tl.store(dz0 + (n * H + tl.program_id(1)) * M + cols, d, mask=cok & (p == c0) & (p < c1))
+        tl.store(_seq_row(dz0, n, H, M, cols), d, mask=cok & (p == c0) & (p < c1))
 
 
 def _tiles():
@@ -290,14 +303,14 @@ def forward(w, z0, cu, save):
 
 
 def backward(w, z0, cu, carry, gphi, gzT):
-    """(dw in w's dtype, dz0 float32 or None) from dφ (any float dtype, or None: zeros) and dz_T (or None)."""
+    """(dw in w's dtype, dz0 in z0's or None) from dφ (any float dtype, or None: zeros) and dz_T (or None)."""
     B, T, H, M, N, nf, NB, BT, BM, W, NP = _plan(w, cu)
     w = w.contiguous()
     dev = w.device
     gphi = torch.zeros_like(w, dtype=torch.float32) if gphi is None else gphi.contiguous()
     gzT = None if gzT is None else gzT.contiguous()
     dw = alloc((B, T, H, M), dev, w.dtype)
-    dz0 = alloc((N, H, M), dev) if z0 is not None else None
+    dz0 = alloc((N, H, M), dev, z0.dtype) if z0 is not None else None
     maps = alloc((nf, 2, H, M), dev)
     afirst = alloc((nf, H, M), dev)
     cu_, gz_ = (carry if cu is None else cu), (carry if gzT is None else gzT)

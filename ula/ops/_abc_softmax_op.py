@@ -2,9 +2,9 @@
 calls, a custom op pair (ula/core/custom_ops.py) while torch.compile traces. The PyTorch form's float64
 logcumsumexp took 2.3 ms of ABC's 7.6 ms eagerly (B2 T8192 H16 m = 64, H100), and compiled, Inductor's own float64
 scans 13.7 ms. With an earlier form of the kernels (each block reading its sequence's earlier blocks) ABC's f+b
-was 3.3 ms eagerly and 3.7 compiled (benchmarks/RESULTS.md, GPU session 36); today's three-launch form is not yet
-timed on a GPU. The kernels size their grids from shapes and read cu_seqlens
-on the device, so the op stays inside torch.compile's CUDA graphs."""
+was 3.3 ms eagerly (benchmarks/RESULTS.md, GPU session 36); today's three-launch form is not yet timed on a GPU.
+The kernels size their grids from shapes and read cu_seqlens on the device, so the op stays inside torch.compile's
+CUDA graphs."""
 from typing import List, Optional, Tuple
 
 import torch
@@ -26,7 +26,7 @@ class _CumulativeSoftmax(torch.autograd.Function):
     def backward(ctx, gphi, gzT):
         w, z0, cu, carry = ctx.saved_tensors
         dw, dz0 = backward(w, z0, cu, carry, gphi, gzT)
-        return dw, (None if dz0 is None else dz0.to(z0.dtype)), None, None
+        return dw, dz0, None, None
 
 
 def _fwd(w: Tensor, z0: Optional[Tensor], cu: Optional[Tensor]) -> Tuple[Tensor, Tensor, Tensor]:
@@ -44,7 +44,7 @@ def _fwd_fake(w, z0, cu):
 def _bwd(w: Tensor, z0: Optional[Tensor], cu: Optional[Tensor], carry: Tensor, gphi: Optional[Tensor],
          gzT: Optional[Tensor]) -> List[Tensor]:
     dw, dz0 = backward(w, z0, cu, carry, gphi, gzT)
-    return [dw, or_empty(dz0 if dz0 is None else dz0.to(z0.dtype), w)]
+    return [dw, or_empty(dz0, w)]
 
 
 def _bwd_fake(w, z0, cu, carry, gphi, gzT):

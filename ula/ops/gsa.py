@@ -199,7 +199,7 @@ def abc(q, k, v, w, *, scale=None, initial_state=None, output_final_state=False,
 
 def _cumulative_softmax(w, z0, cu_seqlens, backend="auto"):
     """φ = exp(w − z) with z_t = log(exp(z0) + Σ_{j<=t} exp(w_j)) per sequence (z0: its state, or nothing), and z at
-    each sequence's last step. On the Triton backend (w not float64), one kernel each way in float32 with the
+    each sequence's last step. On the Triton backend (w not float64), its own kernels in float32 with the
     logsumexp's pairs (ula/ops/_abc_softmax_kernels.py). Otherwise PyTorch, packed with one scan over all tokens, no
     padding and no read of cu_seqlens' values (a torch.compile trace cannot read them): each sequence's logits are
     raised by its index times a margin, their finite spread + 800, so every earlier sequence's terms fall below
