@@ -12,28 +12,20 @@ waits), B2 T8192 H16 K=V=128 bf16 unless --shape:
 then torch.profiler's CPU table of the compiled f+b (self CPU time).
 Run: PYTHONPATH=. python3 benchmarks/gpu_compile_host.py [--shape B,T,H,K,V]"""
 import argparse
-import time
 
 import torch
 import triton
 
 import ula
+from gpu_host_families import host_ms
 from ula.core import op
 
 
-def host_us(fn, n=40):
-    """Median host time of fn() in µs with the GPU busy, after 3 warm-up calls."""
+def host_us(fn):
+    """Median host time of fn() in µs with the GPU busy (gpu_host_families.host_ms), after 3 warm-up calls."""
     for _ in range(3):
         fn()
-    torch.cuda.synchronize()
-    torch.cuda._sleep(int(1e9))
-    ts = []
-    for _ in range(n):
-        t0 = time.perf_counter()
-        fn()
-        ts.append((time.perf_counter() - t0) * 1e6)
-    torch.cuda.synchronize()
-    return sorted(ts)[n // 2]
+    return host_ms(fn)[0] * 1e3
 
 
 def main():
