@@ -9,7 +9,7 @@
 # Part 5: ABC's cumulative softmax on its Triton kernels: GPU tests, compiled checks, speed against the tree before.
 # Part 6: the cumulative softmax kernels' tiles (gpu_abc_softmax_tiles.py); part 5's GPU tests again.
 # Part 7: the same on the two-launch kernels (a program per block), ABC eager and compiled.
-# Part 8 (next session): the three-launch kernels, linear in T, against the sequential walk (.prev = 4dc0652).
+# Part 8 (run in session 37): the three-launch kernels, linear in T, against the sequential walk (.prev = 4dc0652).
 # Run: OUT=... bash benchmarks/gpu_pending_session36.sh 1|2|3|4|5|6|7|8
 NAME=pending36
 . benchmarks/gpu_pending_common.sh

@@ -353,3 +353,30 @@ def test_graph_trees_in_use(manager, want, monkeypatch):
     trees.get_manager = None  # asked no more once seen
     monkeypatch.delitem(sys.modules, "torch._inductor.cudagraph_trees", raising=False)
     assert custom_ops.graph_trees_in_use() == want
+
+
+def test_abc_softmax_tiles_are_in_the_compiled_graph(tmp_path, monkeypatch):
+    """ABC's cumulative-softmax op takes its tiles as an argument (ula/ops/_abc_softmax_op.py): its fake function
+    sizes the buffer of the blocks' entering pairs by the block length, and Inductor's FX graph cache keys a graph on
+    the graph, not on what a fake function returns (pytorch/pytorch#160472). Tiles read inside the op let a graph
+    cached under one ULA_TUNE_ABC_SOFTMAX serve another: a size assertion in the compiled call (an H100, session
+    37). Two compiles of the same model, on one cache, tiles changed in between: both give eager's loss."""
+    import torch._inductor.config as inductor_config
+    from ula.core.triton.utils import set_tuning
+    from ula.ops.gsa import _cumulative_softmax
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))  # a cache of this test's own
+    monkeypatch.setattr(inductor_config, "compile_threads", 1)
+    monkeypatch.setattr(inductor_config, "fx_graph_cache", True)
+    w = torch.randn(2, 40, 2, 8, generator=torch.Generator().manual_seed(3)).requires_grad_()  # (the buffer: saved
+    # for the backward)
+
+    def model(w):
+        return _cumulative_softmax(w, None, None, "triton")[0].square().sum()
+    try:
+        for cfg in (None, "16,4,1,4"):  # the interpreter's default blocks of 8 steps, then 16
+            set_tuning("abc_softmax", cfg)
+            _check_as_eager(model, torch.compile(model, fullgraph=True), [w], w, what=cfg)
+            torch._dynamo.reset()
+    finally:
+        set_tuning("abc_softmax", None)
+        torch._dynamo.reset()

@@ -1,4 +1,4 @@
-"""ABC's cumulative softmax (ula/ops/gsa.py `_cumulative_softmax`) as Triton kernels, two launches each way.
+"""ABC's cumulative softmax (ula/ops/gsa.py `_cumulative_softmax`) as Triton kernels, three launches each way.
 
 Per sequence, head and slot, along time t, from the slot logits w and the initial log-normalizer z0 (or none):
 
@@ -30,7 +30,8 @@ last); (2) the maps composed from the end, A at each block's first step;
 once: linear in T. Two earlier forms, measured on an H100 at B2 T8192 H16 m = 64: one program walking each sequence
 (0.76 / 1.68 ms forward / backward; its steps are latency-bound), and each block reading all of its sequence's
 earlier (later) blocks' summaries (f+b 1.28 ms at best, quadratic in T); benchmarks/results/
-abc_softmax_tiles_h100_session36.txt and abc_two_launch_h100_session36.txt."""
+abc_softmax_tiles_h100_session36.txt and abc_two_launch_h100_session36.txt. This form: f+b 0.97 ms there, and 3.75
+at B1 T65536 (benchmarks/results/pending36_h100_session37_part8.log)."""
 import torch
 import triton
 import triton.language as tl
@@ -261,27 +262,34 @@ def _tiles():
     """(BT steps, BM slots, warps, NP blocks a scan program reads at a time). The interpreter takes short blocks,
     few slots and short pieces, so that tests cross all three. BT, BM and warps: the fastest f+b of 5 tilings on an
     H100 at B2 T8192 H16 m = 64 of the quadratic form before this one (32 x 16 at 1 warp, 1.28 ms; 64 x 16 at 2
-    warps 1.93: benchmarks/results/abc_two_launch_h100_session36.txt); not yet measured with the scans."""
+    warps 1.93: benchmarks/results/abc_two_launch_h100_session36.txt), and again of 4 with the scans (0.97 ms; 32 x
+    32 at 2 warps 0.98, 64 x 8 1.24: benchmarks/results/pending36_h100_session37_part8.log)."""
     return tuned("abc_softmax", (8, 4, 1, 4) if INTERPRET else (32, 16, 1, 256))
 
 
-def _plan(w, cu):
+def tiles():
+    """The tiles of one call (BT, BM, warps, NP), taken once per call: its forward and backward and the custom op's
+    fake function (whose buffer of entering pairs has a row per block) must all see the same BT."""
+    return list(_tiles())
+
+
+def _plan(w, cu, tiles):
     B, T, H, M = w.shape
     N = B if cu is None else cu.numel() - 1
-    BT, BM, W, NP = _tiles()
+    BT, BM, W, NP = tiles
     nf, NB = _grid(B, T, N, BT, cu is not None)
     return B, T, H, M, N, nf, NB, BT, BM, W, NP
 
 
-def block_rows(B, T, N, varlen):
+def block_rows(B, T, N, varlen, BT):
     """Rows of the per-block buffers (the flat blocks' bound, ula/ops/_packed_blocks.py `_grid`)."""
-    return _grid(B, T, N, _tiles()[0], varlen)[0]
+    return _grid(B, T, N, BT, varlen)[0]
 
 
-def forward(w, z0, cu, save):
+def forward(w, z0, cu, save, tiles):
     """(φ [B, T, H, m] float32, z_T [N, H, m] float32, the blocks' entering pairs or None) of w [B, T, H, m] (B == 1
     with cu)."""
-    B, T, H, M, N, nf, NB, BT, BM, W, NP = _plan(w, cu)
+    B, T, H, M, N, nf, NB, BT, BM, W, NP = _plan(w, cu, tiles)
     w = w.contiguous()
     z0 = None if z0 is None else z0.contiguous()
     dev = w.device
@@ -302,9 +310,9 @@ def forward(w, z0, cu, save):
     return phi, zT, (carry if save else None)
 
 
-def backward(w, z0, cu, carry, gphi, gzT):
+def backward(w, z0, cu, carry, gphi, gzT, tiles):
     """(dw in w's dtype, dz0 in z0's or None) from dφ (any float dtype, or None: zeros) and dz_T (or None)."""
-    B, T, H, M, N, nf, NB, BT, BM, W, NP = _plan(w, cu)
+    B, T, H, M, N, nf, NB, BT, BM, W, NP = _plan(w, cu, tiles)
     w = w.contiguous()
     dev = w.device
     gphi = torch.zeros_like(w, dtype=torch.float32) if gphi is None else gphi.contiguous()

@@ -1,0 +1,25 @@
+#!/bin/bash
+# Session 37's GPU calls. (Session 36's part 8, the first timing of ABC's three-launch softmax, ran at the start:
+# results/pending36_h100_session37_part8.log; its run of .prev compiled hit the graph that this tree's run had put
+# in Inductor's FX graph cache, hence each tree's own cache below.)
+# Part 1: ABC's op with its tiles as an argument: the GPU tests, the compile checks, ABC eager and compiled on this
+#   tree and on .prev = 4dc0652 (the walk; this tree's gpu_compile_speed.py copied in), each tree on its own cache.
+# Part 2: the GPU suite and the smoke's repeat part on this tree.
+# Run: OUT=... bash benchmarks/gpu_pending_session37.sh 1|2
+NAME=pending37
+. benchmarks/gpu_pending_common.sh
+export PYTHONPATH=.
+if [ "$PART" = 1 ]; then
+  TMO=100 run ULA_TEST_GPU=1 python3 -m pytest -q -p no:cacheprovider tests/test_abc_softmax_kernels.py \
+      tests/test_extreme.py -k "abc or softmax" -rfE
+  TMO=120 run PYTHONPATH=.:benchmarks python3 benchmarks/gpu_compile_checks.py --parts graphs --graph-steps abc
+  for t in . .prev; do
+    TMO=150 run TORCHINDUCTOR_CACHE_DIR="/tmp/inductor_tree${t#.}" PYTHONPATH=$t \
+        python3 $t/benchmarks/gpu_compile_speed.py abc
+  done
+fi
+if [ "$PART" = 2 ]; then
+  TMO=240 run ULA_TEST_GPU=1 python3 -m pytest -q -n 8 -p no:cacheprovider tests -rfE
+  TMO=90 run python3 benchmarks/gpu_smoke.py --parts repeat
+fi
+tail -c 11000 "$LOG"
