@@ -5,7 +5,8 @@
 
 Per op: the GPU time (CUDA-graph replays of one f+b), the host's median submit time per f+b (a loop of 50 with
 the GPU kept busy: a spin kernel queued first so no launch waits; the slowest submit and its index show a call
-that waited for the GPU), and eager wall time per f+b; an op whose host time
+that waited for the GPU, or one that found the stream's queue full: about 1000 pending kernels, ABC's 22nd call at
+46 kernels per f+b, benchmarks/gpu_host_wait_probe.py), and eager wall time per f+b; an op whose host time
 exceeds its GPU time runs at the host's speed in an eager training loop. --profile adds cProfile's top functions
 (own time) per op; --compile times each op under torch.compile(fullgraph=True) (default mode: no CUDA graphs), after
 forward_backward's warm-up calls; --profile then also lists the top functions by cumulative time. Prints one JSON line per op."""
@@ -27,7 +28,7 @@ from gpu_profile import host_top  # noqa: E402  (cProfile's top functions, share
 
 def host_ms(fb, n=50):
     """Median submit time per f+b with the GPU busy (a long sleep kernel queued first), the slowest submit (one
-    that waited for the GPU: a host sync), then wall time per f+b."""
+    that waited for the GPU: a host sync, or a full launch queue), then wall time per f+b."""
     torch.cuda.synchronize()
     torch.cuda._sleep(int(2e9))  # ~1 s of GPU cycles: every launch below queues without waiting
     ts = []

@@ -34,13 +34,15 @@ def _call(op, cu):
         return ula.normalized_linear_attention(q, k, v, **kw)[0]
     if op == "gsa":
         return ula.gsa(q, k, v, r(B, T, H, 16, dt=f32), F.logsigmoid(r(B, T, H, 16, dt=f32) + 3), **kw)[0]
+    if op == "abc":  # (its cumulative softmax on its own kernels, cu_seqlens read on the device)
+        return ula.abc(q, k, v, r(B, T, H, 16, dt=f32), **kw)[0]
     if op == "retention":
         return ula.retention(q, k, v, **kw)[0]
     raise ValueError(op)
 
 
 @pytest.mark.parametrize("packed", [False, True], ids=["rows", "packed"])
-@pytest.mark.parametrize("op", ["linear", "scalar", "gla", "mlstm_exp", "mlstm_sig", "normalized", "gsa",
+@pytest.mark.parametrize("op", ["linear", "scalar", "gla", "mlstm_exp", "mlstm_sig", "normalized", "gsa", "abc",
                                 "retention"])
 def test_warm_call_does_not_wait(op, packed):
     cu = torch.tensor([0, 77, 200, T], device=DEVICE, dtype=torch.int32) if packed else None
