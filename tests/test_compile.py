@@ -289,15 +289,16 @@ def test_packed_normalized_torch_path_traces_fullgraph():
         _check_as_eager(model, compiled, (q, k, v), q, k, v, torch.tensor(bounds), S0, what=bounds)
 
 
-def _packed_ops():
+def _packed_ops(grad=False):
+    """Every op of README's table as fn(kw) on fixed inputs ([1, 40, 2, 16]; leaves that require grad with grad)."""
     T, H, K = 40, 2, 16
     g = torch.Generator().manual_seed(0)
-    q, k, v = (torch.randn(1, T, H, K, generator=g) for _ in range(3))
-    gv = F.logsigmoid(torch.randn(1, T, H, K, generator=g) + 3)
-    gs = F.logsigmoid(torch.randn(1, T, H, generator=g) + 3)
-    i, f = torch.randn(2, 1, T, H, generator=g)
-    s = torch.randn(1, T, H, 8, generator=g)
-    A = -torch.rand(H, generator=g)
+    q, k, v = (torch.randn(1, T, H, K, generator=g).requires_grad_(grad) for _ in range(3))
+    gv = F.logsigmoid(torch.randn(1, T, H, K, generator=g).requires_grad_(grad) + 3)
+    gs = F.logsigmoid(torch.randn(1, T, H, generator=g).requires_grad_(grad) + 3)
+    i, f = torch.randn(2, 1, T, H, generator=g).requires_grad_(grad)
+    s = torch.randn(1, T, H, 8, generator=g).requires_grad_(grad)
+    A = -torch.rand(H, generator=g).requires_grad_(grad)
     return {
         "core_none": lambda kw: ula.linear_attention(q, k, v, **kw)[0],
         "core_scalar": lambda kw: ula.linear_attention(q, k, v, gs, **kw)[0],
@@ -380,3 +381,44 @@ def test_abc_softmax_tiles_are_in_the_compiled_graph(tmp_path, monkeypatch):
     finally:
         set_tuning("abc_softmax", None)
         torch._dynamo.reset()
+
+
+def _fake_checking_backend(mismatches, seen):
+    """aot_autograd whose forward and backward graphs run through an fx Interpreter that compares each ula custom
+    op's real outputs with the fake ones the trace recorded (node.meta["val"]): shape and dtype. The default CPU
+    backend here (aot_eager) never makes that comparison; Inductor does, on a GPU, as a size assertion."""
+    from functorch.compile import make_boxed_func
+    from torch._dynamo.backends.common import aot_autograd
+    from torch.utils._pytree import tree_leaves
+
+    def compiler(gm, _):
+        class Checked(torch.fx.Interpreter):
+            def run_node(self, n):
+                out = super().run_node(n)
+                if n.op == "call_function" and str(n.target).startswith("ula."):
+                    seen.append(str(n.target))
+                    for j, (real, fake) in enumerate(zip(tree_leaves(out), tree_leaves(n.meta["val"]))):
+                        if isinstance(real, torch.Tensor) and (tuple(real.shape) != tuple(fake.shape)
+                                                               or real.dtype != fake.dtype):
+                            mismatches.append(f"{n.target} output {j}: real {tuple(real.shape)} {real.dtype}, "
+                                              f"fake {tuple(fake.shape)} {fake.dtype}")
+                return out
+        return make_boxed_func(lambda *args: Checked(gm).run(*args))
+    return aot_autograd(fw_compiler=compiler, bw_compiler=compiler)
+
+
+@pytest.mark.parametrize("packed", [False, True], ids=["rows", "packed"])
+@pytest.mark.parametrize("name", sorted(_packed_ops()))
+def test_custom_ops_fake_outputs_match_real(name, packed):
+    """Each ula custom op that an op's compiled forward and backward run returns what its fake function promised
+    (shape, dtype), on the Triton path (the interpreter; 40 steps cross its blocks of 8), rows and packed."""
+    fn = _packed_ops(grad=True)[name]
+    kw = dict(cu_seqlens=torch.tensor([0, 13, 40]) if packed else None, backend="triton")
+    mismatches, seen = [], []
+    torch._dynamo.reset()
+    compiled = torch.compile(lambda: fn(kw).float().square().sum(), fullgraph=True,
+                             backend=_fake_checking_backend(mismatches, seen))
+    compiled().backward()
+    torch._dynamo.reset()
+    assert any(t.endswith("_fwd.default") for t in seen) and any(t.endswith("_bwd.default") for t in seen), seen
+    assert not mismatches, mismatches
