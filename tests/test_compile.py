@@ -290,7 +290,8 @@ def test_packed_normalized_torch_path_traces_fullgraph():
 
 
 def _packed_ops(grad=False):
-    """Every op of README's table as fn(kw) on fixed inputs ([1, 40, 2, 16]; leaves that require grad with grad)."""
+    """Every op of README's table as fn(kw) -> (o, final state) on fixed inputs ([1, 40, 2, 16]; leaves that require
+    grad with grad)."""
     T, H, K = 40, 2, 16
     g = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(1, T, H, K, generator=g).requires_grad_(grad) for _ in range(3))
@@ -300,19 +301,19 @@ def _packed_ops(grad=False):
     s = torch.randn(1, T, H, 8, generator=g).requires_grad_(grad)
     A = -torch.rand(H, generator=g).requires_grad_(grad)
     return {
-        "core_none": lambda kw: ula.linear_attention(q, k, v, **kw)[0],
-        "core_scalar": lambda kw: ula.linear_attention(q, k, v, gs, **kw)[0],
-        "core_vector": lambda kw: ula.linear_attention(q, k, v, gv, **kw)[0],
-        "gla": lambda kw: ula.gla(q, k, v, gv, **kw)[0],
-        "mlstm_exp": lambda kw: ula.mlstm(q, k, v, i, f, **kw)[0],
-        "mlstm_sig": lambda kw: ula.mlstm(q, k, v, i, f, variant="sig", **kw)[0],
-        "normalized": lambda kw: ula.normalized_linear_attention(q, k, v, **kw)[0],
-        "gsa": lambda kw: ula.gsa(q, k, v, s, F.logsigmoid(s + 3), **kw)[0],
-        "abc": lambda kw: ula.abc(q, k, v, s, **kw)[0],
-        "linear_attn": lambda kw: ula.linear_attn(q, k, v, **kw)[0],
-        "retention": lambda kw: ula.retention(q, k, v, **kw)[0],
-        "mamba2": lambda kw: ula.mamba2(q, k, v, F.softplus(i), A, **kw)[0],
-        "hgrn2": lambda kw: ula.hgrn2(q, v, gv, **kw)[0],
+        "core_none": lambda kw: ula.linear_attention(q, k, v, **kw),
+        "core_scalar": lambda kw: ula.linear_attention(q, k, v, gs, **kw),
+        "core_vector": lambda kw: ula.linear_attention(q, k, v, gv, **kw),
+        "gla": lambda kw: ula.gla(q, k, v, gv, **kw),
+        "mlstm_exp": lambda kw: ula.mlstm(q, k, v, i, f, **kw),
+        "mlstm_sig": lambda kw: ula.mlstm(q, k, v, i, f, variant="sig", **kw),
+        "normalized": lambda kw: ula.normalized_linear_attention(q, k, v, **kw),
+        "gsa": lambda kw: ula.gsa(q, k, v, s, F.logsigmoid(s + 3), **kw),
+        "abc": lambda kw: ula.abc(q, k, v, s, **kw),
+        "linear_attn": lambda kw: ula.linear_attn(q, k, v, **kw),
+        "retention": lambda kw: ula.retention(q, k, v, **kw),
+        "mamba2": lambda kw: ula.mamba2(q, k, v, F.softplus(i), A, **kw),
+        "hgrn2": lambda kw: ula.hgrn2(q, v, gv, **kw),
     }
 
 
@@ -323,8 +324,8 @@ def test_every_op_packed_traces_fullgraph(name, backend):
     in a trace), and the compiled call gives the eager output."""
     fn = _packed_ops()[name]
     kw = dict(cu_seqlens=torch.tensor([0, 13, 40]), backend=backend)
-    got = _compiled(lambda: fn(kw))()
-    assert rel(got, fn(kw)) < 1e-6
+    got = _compiled(lambda: fn(kw)[0])()
+    assert rel(got, fn(kw)[0]) < 1e-6
 
 
 @pytest.mark.parametrize("manager,want", [("absent", False), (None, False), ("a manager", True), ("raises", True)])
@@ -407,17 +408,27 @@ def _fake_checking_backend(mismatches, seen):
     return aot_autograd(fw_compiler=compiler, bw_compiler=compiler)
 
 
+@pytest.mark.parametrize("states", [False, True], ids=["", "states"])
 @pytest.mark.parametrize("packed", [False, True], ids=["rows", "packed"])
 @pytest.mark.parametrize("name", sorted(_packed_ops()))
-def test_custom_ops_fake_outputs_match_real(name, packed):
+def test_custom_ops_fake_outputs_match_real(name, packed, states):
     """Each ula custom op that an op's compiled forward and backward run returns what its fake function promised
-    (shape, dtype), on the Triton path (the interpreter; 40 steps cross its blocks of 8), rows and packed."""
+    (shape, dtype), on the Triton path (the interpreter; 40 steps cross its blocks of 8), rows and packed, and with
+    an initial state (an eager call's final state, its gradient taken) and the final state in the loss."""
+    from torch.utils._pytree import tree_leaves, tree_map
     fn = _packed_ops(grad=True)[name]
     kw = dict(cu_seqlens=torch.tensor([0, 13, 40]) if packed else None, backend="triton")
+    if states:
+        with torch.no_grad():
+            S0 = fn(dict(kw, output_final_state=True))[1]
+        kw.update(initial_state=tree_map(lambda x: x.detach().requires_grad_(), S0), output_final_state=True)
+
+    def loss():
+        o, S = fn(kw)
+        return o.float().square().sum() + sum(x.float().sum() for x in tree_leaves(S) if torch.is_tensor(x))
     mismatches, seen = [], []
     torch._dynamo.reset()
-    compiled = torch.compile(lambda: fn(kw).float().square().sum(), fullgraph=True,
-                             backend=_fake_checking_backend(mismatches, seen))
+    compiled = torch.compile(loss, fullgraph=True, backend=_fake_checking_backend(mismatches, seen))
     compiled().backward()
     torch._dynamo.reset()
     assert any(t.endswith("_fwd.default") for t in seen) and any(t.endswith("_bwd.default") for t in seen), seen
