@@ -32,13 +32,14 @@ def _both(fn, w, z0, gphi, gz):
 
 
 @pytest.mark.parametrize("case", ["rows", "rows_z0", "packed", "packed_z0", "packed_empty_z0", "logits_1e4",
-                                  "wide_spread"])
+                                  "wide_spread", "wide_spread_z0"])
 def test_cumulative_softmax_against_float64(case):
     """Odd lengths that cross the interpreter's blocks of 8 steps and 4 slots (m = 6: a partial slot block) and its
     pieces of 4 blocks (a block reads its sequence's earlier and later blocks 4 at a time: 6 blocks here), 2 rows
     or 3 packed sequences (one empty: the kernels keep z0 there, though ula's ops take no empty sequence), with
     and without the initial log-normalizer; logits of ±1e4 (φ 0, 1 or between: the
-    pairs keep w − z exact where a float32 z would blur it by 1e-3) and of spread 200 between steps."""
+    pairs keep w − z exact where a float32 z would blur it by 1e-3) and of spread 200 between steps, with z0 too
+    (then exp(z0 − z_first) is often tiny: dz0's factor is taken as σ(z0 − w_first), not as 1 − φ_first)."""
     seed = fresh_seed()
     packed = case.startswith("packed")
     cu = torch.tensor([0, 13, 14, 61], dtype=torch.int32) if packed else None
@@ -48,12 +49,15 @@ def test_cumulative_softmax_against_float64(case):
     N = 3 if packed else B
     if case == "logits_1e4":
         w = torch.randint(-1, 2, (B, T, H, M)).float() * 1e4
-    elif case == "wide_spread":
+    elif case.startswith("wide_spread"):
         w = torch.randn(B, T, H, M) * 100
+        w[:, 0] = w[:, 0].abs()  # with z0 below (about −30): exp(z0 − z_first) < e^-25, dz0 tiny everywhere
     else:
         w = torch.randn(B, T, H, M) * 3
     w.requires_grad_()
-    z0 = torch.randn(N, H, M).requires_grad_() if case.endswith("z0") else None
+    z0 = None
+    if case.endswith("z0"):
+        z0 = (torch.randn(N, H, M) - (30 if case.startswith("wide") else 0)).requires_grad_()
     gphi, gz = torch.randn(B, T, H, M), torch.randn(N, H, M)
     on = [None if x is None else x.detach().to(DEVICE).requires_grad_(x.requires_grad) for x in (w, z0)]
     got = _both(lambda w, z0: cumulative_softmax(w, z0, None if cu is None else cu.to(DEVICE)), *on,

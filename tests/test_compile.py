@@ -357,12 +357,13 @@ def test_graph_trees_in_use(manager, want, monkeypatch):
     assert custom_ops.graph_trees_in_use() == want
 
 
-def test_abc_softmax_tiles_are_in_the_compiled_graph(tmp_path, monkeypatch):
-    """ABC's cumulative-softmax op takes its tiles as an argument (ula/ops/_abc_softmax_op.py): its fake function
-    sizes the buffer of the blocks' entering pairs by the block length, and Inductor's FX graph cache keys a graph on
-    the graph, not on what a fake function returns (pytorch/pytorch#160472). Tiles read inside the op let a graph
-    cached under one ULA_TUNE_ABC_SOFTMAX serve another: a size assertion in the compiled call (an H100, session
-    37). Two compiles of the same model, on one cache, tiles changed in between: both give eager's loss."""
+def test_abc_softmax_compiles_under_another_tiling(tmp_path, monkeypatch):
+    """ABC's cumulative-softmax op returns nothing whose shape depends on its tiles (ula/ops/_abc_softmax_op.py: its
+    backward reads φ, no per-block buffer). When its fake function sized such a buffer by the block length,
+    Inductor's FX graph cache, which keys a graph on the graph and not on what a fake function returns
+    (pytorch/pytorch#160472), served a graph cached under one ULA_TUNE_ABC_SOFTMAX to another: a size assertion in
+    the compiled call (an H100, session 37). Two compiles of the same model, on one cache, tiles changed in between:
+    both give eager's loss and gradient."""
     import torch._inductor.config as inductor_config
     from ula.core.triton.utils import set_tuning
     from ula.ops.gsa import _cumulative_softmax

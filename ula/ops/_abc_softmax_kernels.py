@@ -14,24 +14,28 @@ Backward, with u_t = φ_t dφ_t less dz_T at the last step, and z_j − z_t <= 0
     dw_j = φ_j dφ_j − φ_j A_j,   A_j = Σ_{t>=j} u_t exp(z_j − z_t) = u_j + b_j A_{j+1},
     b_j = exp(z_j − z_{j+1}),   dz0 = −exp(z0 − z_first) A_first.
 
-b_j <= 1, so the reverse recurrence is stable at any spread of the logits; z_j − z_{j+1} is formed from the pairs as
-(M_j − M_{j+1}) + log(S_j / S_{j+1}), without z's rounding; the pairs one step ahead come from the block shifted by
-one step. In a block, the recurrence's steps are affine maps A ↦ u + b A, composed by a forward scan over the block's
-steps loaded in reverse order (whose pairs come from a reverse scan: their combine commutes, the maps' does not).
+b_j <= 1, so the reverse recurrence is stable at any spread of the logits. b_j = 1 − φ_{j+1} (z_{j+1} is z_j and
+w_{j+1} combined), so the backward reads φ, the forward's output, and forms no pair: its kernels are elementwise but
+for one scan of the maps (f+b 0.35 ms against 0.97 when the backward rebuilt the pairs from w, B2 T8192 H16
+m = 64, H100: benchmarks/results/pending37_h100_session37_part3.log; φ in float32 is kept instead of w). 1 − φ in
+float32 has an absolute error of ~6e-8 where the pairs' b was exact relative to itself: dw stays within ~1e-7 of
+float64 relative to its scale (logits ±1e4, spread 100, 3000 steps on the CPU). dz0's factor exp(z0 − z_first) is
+σ(z0 − w_first), exact where it is tiny (z0 far below the first logit). In a block, the recurrence's steps are
+affine maps A ↦ u + b A, composed by a forward scan over the block's steps loaded in reverse order.
 
 Blocks of BT steps and BM slots, each a program, numbered flat as mLSTMexp's gate kernels number theirs
 (ula/ops/_packed_blocks.py: a packed sequence's blocks are one run, found from cu_seqlens on the device). Three
 launches each way. Forward: (1) each block's pair (the first block of a sequence with z0's folded in) and whether
 it starts a sequence; (2) a segmented scan of those pairs over all blocks, one program per head and slot
-block, NP blocks at a time; (3) each block from the pair entering it: its φ, z_T in a sequence's last block, and the
-entering pair kept for the backward. Backward: (1) each block's composite map (A at its first step from A after its
+block, NP blocks at a time; (3) each block from the pair entering it: its φ and z_T in a sequence's last
+block. Backward: (1) each block's composite map (A at its first step from A after its
 last); (2) the maps composed from the end, A at each block's first step;
 (3) each block's dw from A after it (and dz0 in a sequence's first block). Every step reads each block's summary
 once: linear in T. Two earlier forms, measured on an H100 at B2 T8192 H16 m = 64: one program walking each sequence
 (0.76 / 1.68 ms forward / backward; its steps are latency-bound), and each block reading all of its sequence's
 earlier (later) blocks' summaries (f+b 1.28 ms at best, quadratic in T); benchmarks/results/
-abc_softmax_tiles_h100_session36.txt and abc_two_launch_h100_session36.txt. This form: f+b 0.97 ms there, and 3.75
-at B1 T65536 (benchmarks/results/pending36_h100_session37_part8.log)."""
+abc_softmax_tiles_h100_session36.txt and abc_two_launch_h100_session36.txt. This form with the backward from the
+pairs: f+b 0.97 ms there, and 3.75 at B1 T65536 (benchmarks/results/pending36_h100_session37_part8.log)."""
 import torch
 import triton
 import triton.language as tl
@@ -72,12 +76,10 @@ def _where(p, cu, N, T, NB, H, M, BT: tl.constexpr, BM: tl.constexpr, NS: tl.con
 
 
 @triton.jit
-def _pairs_after(w, pos, ok, hm, H, M, cm, cs, REV: tl.constexpr):
-    """The logits (float32, −inf outside) at rows pos, and the pairs (M_t, S_t) of those steps after the carry. REV:
-    the rows in reverse step order, scanned in reverse (the pairs' combine commutes: the order of its arguments in a
-    reverse scan does not matter)."""
+def _pairs_after(w, pos, ok, hm, H, M, cm, cs):
+    """The logits (float32, −inf outside) at rows pos, and the pairs (M_t, S_t) of those steps after the carry."""
     x = tl.load(w + (pos[:, None] * H) * M + hm, mask=ok, other=float("-inf")).to(tl.float32)
-    pm, ps = tl.associative_scan((x, tl.where(ok, 1.0, 0.0)), 0, _lse_pair, reverse=REV)
+    pm, ps = tl.associative_scan((x, tl.where(ok, 1.0, 0.0)), 0, _lse_pair)
     m, s = _lse_pair(cm[None, :], cs[None, :], pm, ps)
     return x, m, s
 
@@ -167,8 +169,8 @@ def _abc_softmax_scan_kernel(summ, first, incl, nf, H, M, BM: tl.constexpr, NP: 
 
 
 @triton.jit
-def _abc_softmax_fwd_kernel(w, z0, cu, incl, phi, zT, carry, T, H, M, N, NB, BT: tl.constexpr, BM: tl.constexpr,
-                            NS: tl.constexpr, HAS_Z0: tl.constexpr, VARLEN: tl.constexpr, SAVE: tl.constexpr):
+def _abc_softmax_fwd_kernel(w, z0, cu, incl, phi, zT, T, H, M, N, NB, BT: tl.constexpr, BM: tl.constexpr,
+                            NS: tl.constexpr, HAS_Z0: tl.constexpr, VARLEN: tl.constexpr):
     p = tl.program_id(0)
     n, pos, ok, hm, cols, cok, L, _, c0, c1 = _where(p, cu, N, T, NB, H, M, BT, BM, NS, VARLEN, False)
     cm, cs = _row2(incl, p - 1, H, M, cols, cok & (p > c0), float("-inf"), 0.0)  # the pair after the block before
@@ -177,41 +179,35 @@ def _abc_softmax_fwd_kernel(w, z0, cu, incl, phi, zT, carry, T, H, M, N, NB, BT:
         cm = tl.where(p == c0, zm, cm)
         cs = tl.where(p == c0, zs, cs)
     live = cok & (p < c1)  # (a packed call's blocks past the last sequence write nothing)
-    if SAVE:
-        _put2(carry, p, H, M, cols, live, cm, cs)
-    x, m, s = _pairs_after(w, pos, ok, hm, H, M, cm, cs, False)
+    x, m, s = _pairs_after(w, pos, ok, hm, H, M, cm, cs)
     tl.store(phi + (pos[:, None] * H) * M + hm, tl.exp(x - m) / s, mask=ok)
     em, es = _row2(incl, p, H, M, cols, live, 0.0, 1.0)
     tl.store(_seq_row(zT, n, H, M, cols), em + tl.log(es), mask=live & (p == c1 - 1))
 
 
 @triton.jit
-def _bwd_block(w, carry, gphi, gzT, p, n, pos, ok, hm, cols, cok, L, steps, H, M, BT: tl.constexpr,
-               HAS_GZT: tl.constexpr):
-    """The block's φ, dφ and its steps' maps scanned from its end: (φ, dφ, a, c, pairs (m, s)), the steps in reverse
-    order (pos, ok, steps from `_where(..., REV=True)`): A_t = c_t + a_t A_next, A_next being A at the step after
-    the block. A forward scan over the reversed steps, where the maps' order matters."""
-    cm, cs = _row2(carry, p, H, M, cols, cok, 0.0, 0.0)
-    x, m, s = _pairs_after(w, pos, ok, hm, H, M, cm, cs, True)
-    ok1 = ((steps + 1) < L)[:, None] & cok[None, :]  # the pairs one step ahead, for b
-    _, m1, s1 = _pairs_after(w, pos + 1, ok1, hm, H, M, _last_row(m, BT), _last_row(s, BT), True)
-    ph = tl.where(ok, tl.exp(x - m) / s, 0.0)
+def _bwd_block(phi, gphi, gzT, n, pos, ok, hm, cols, cok, L, steps, H, M, HAS_GZT: tl.constexpr):
+    """The block's φ, dφ and its steps' maps scanned from its end: (φ, dφ, a, c), the steps in reverse order (pos,
+    ok, steps from `_where(..., REV=True)`): A_t = c_t + a_t A_next, A_next being A at the step after the block. A
+    forward scan over the reversed steps, where the maps' order matters."""
+    ph = tl.load(phi + (pos[:, None] * H) * M + hm, mask=ok, other=0.0)
+    ok1 = ((steps + 1) < L)[:, None] & cok[None, :]  # φ one step ahead, for b (past the end: b = 0)
+    ph1 = tl.load(phi + ((pos[:, None] + 1) * H) * M + hm, mask=ok1, other=1.0)
     g = tl.load(gphi + (pos[:, None] * H) * M + hm, mask=ok, other=0.0).to(tl.float32)
     u = ph * g
     if HAS_GZT:
         gz = tl.load(_seq_row(gzT, n, H, M, cols), mask=cok, other=0.0).to(tl.float32)
         u -= tl.where((steps == L - 1)[:, None], gz[None, :], 0.0)
-    b = tl.where(ok1, tl.exp((m - m1) + tl.log(s / s1)), 0.0)  # (past the end: 0, A_next is 0 there)
-    a, c = tl.associative_scan((b, u), 0, _affine)
-    return ph, g, a, c, m, s
+    a, c = tl.associative_scan((1.0 - ph1, u), 0, _affine)
+    return ph, g, a, c
 
 
 @triton.jit
-def _abc_softmax_map_kernel(w, cu, carry, gphi, gzT, maps, T, H, M, N, NB, BT: tl.constexpr,
-                            BM: tl.constexpr, NS: tl.constexpr, HAS_GZT: tl.constexpr, VARLEN: tl.constexpr):
+def _abc_softmax_map_kernel(phi, cu, gphi, gzT, maps, T, H, M, N, NB, BT: tl.constexpr, BM: tl.constexpr,
+                            NS: tl.constexpr, HAS_GZT: tl.constexpr, VARLEN: tl.constexpr):
     p = tl.program_id(0)
     n, pos, ok, hm, cols, cok, L, steps, c0, c1 = _where(p, cu, N, T, NB, H, M, BT, BM, NS, VARLEN, True)
-    _, _, a, c, _, _ = _bwd_block(w, carry, gphi, gzT, p, n, pos, ok, hm, cols, cok, L, steps, H, M, BT, HAS_GZT)
+    _, _, a, c = _bwd_block(phi, gphi, gzT, n, pos, ok, hm, cols, cok, L, steps, H, M, HAS_GZT)
     _put2(maps, p, H, M, cols, cok, _last_row(a, BT), _last_row(c, BT))  # the map at the block's first step
 
 
@@ -237,19 +233,24 @@ def _abc_softmax_rscan_kernel(maps, afirst, nf, H, M, BM: tl.constexpr, NP: tl.c
 
 
 @triton.jit
-def _abc_softmax_bwd_kernel(w, z0, cu, carry, afirst, gphi, gzT, dw, dz0, T, H, M, N, NB, BT: tl.constexpr,
+def _abc_softmax_bwd_kernel(phi, w, z0, cu, afirst, gphi, gzT, dw, dz0, T, H, M, N, NB, BT: tl.constexpr,
                             BM: tl.constexpr, NS: tl.constexpr, HAS_Z0: tl.constexpr, HAS_GZT: tl.constexpr,
                             VARLEN: tl.constexpr):
     p = tl.program_id(0)
     n, pos, ok, hm, cols, cok, L, steps, c0, c1 = _where(p, cu, N, T, NB, H, M, BT, BM, NS, VARLEN, True)
     A = tl.load(afirst + ((p + 1) * H + tl.program_id(1)) * M + cols, mask=cok & (p + 1 < c1), other=0.0)
-    ph, g, a, c, m, s = _bwd_block(w, carry, gphi, gzT, p, n, pos, ok, hm, cols, cok, L, steps, H, M, BT, HAS_GZT)
+    ph, g, a, c = _bwd_block(phi, gphi, gzT, n, pos, ok, hm, cols, cok, L, steps, H, M, HAS_GZT)
     Ab = c + a * A[None, :]
-    tl.store(dw + (pos[:, None] * H) * M + hm, ph * g - ph * Ab, mask=ok)
-    if HAS_Z0:  # dz0 = −exp(z0 − z_first) A_first; an empty sequence (one block, L = 0): z_T = z0, dz0 = dz_T
-        zz = tl.load(_seq_row(z0, n, H, M, cols), mask=cok, other=0.0).to(tl.float32)
-        zf = tl.where(cok, _last_row(m, BT) + tl.log(_last_row(s, BT)), 0.0)  # (the block's first step: last row)
-        d = -tl.exp(zz - zf) * _last_row(Ab, BT)
+    tl.store(dw + (pos[:, None] * H) * M + hm, ph * (g - Ab), mask=ok)
+    if HAS_Z0:  # dz0 = −exp(z0 − z_first) A_first, exp(z0 − z_first) = σ(z0 − w_first) (not 1 − φ_first: exact
+        # where tiny); an empty sequence (one block, L = 0): z_T = z0, dz0 = dz_T. (The block's first step: its last
+        # row.)
+        first = cok & (L > 0)
+        wf = tl.load(w + (tl.min(pos, axis=0) * H) * M + tl.program_id(1) * M + cols, mask=first, other=0.0)
+        zz = tl.load(_seq_row(z0, n, H, M, cols), mask=first, other=0.0).to(tl.float32)
+        x = zz - wf.to(tl.float32)
+        ex = tl.exp(tl.minimum(x, -x))  # exp(−|x|) <= 1
+        d = -tl.where(x < 0, ex / (1.0 + ex), 1.0 / (1.0 + ex)) * _last_row(Ab, BT)
         if HAS_GZT:
             gz = tl.load(_seq_row(gzT, n, H, M, cols), mask=cok, other=0.0).to(tl.float32)
             d = tl.where(L == 0, gz, d)
@@ -263,33 +264,22 @@ def _tiles():
     few slots and short pieces, so that tests cross all three. BT, BM and warps: the fastest f+b of 5 tilings on an
     H100 at B2 T8192 H16 m = 64 of the quadratic form before this one (32 x 16 at 1 warp, 1.28 ms; 64 x 16 at 2
     warps 1.93: benchmarks/results/abc_two_launch_h100_session36.txt), and again of 4 with the scans (0.97 ms; 32 x
-    32 at 2 warps 0.98, 64 x 8 1.24: benchmarks/results/pending36_h100_session37_part8.log)."""
+    32 at 2 warps 0.98, 64 x 8 1.24: benchmarks/results/pending36_h100_session37_part8.log), and with the backward
+    from φ (0.352 ms; 32 x 32 at 2 warps 0.354, 64 x 16 at 2 0.360: pending37_h100_session37_part3.log)."""
     return tuned("abc_softmax", (8, 4, 1, 4) if INTERPRET else (32, 16, 1, 256))
 
 
-def tiles():
-    """The tiles of one call (BT, BM, warps, NP), taken once per call: its forward and backward and the custom op's
-    fake function (whose buffer of entering pairs has a row per block) must all see the same BT."""
-    return list(_tiles())
-
-
-def _plan(w, cu, tiles):
+def _plan(w, cu):
     B, T, H, M = w.shape
     N = B if cu is None else cu.numel() - 1
-    BT, BM, W, NP = tiles
+    BT, BM, W, NP = _tiles()
     nf, NB = _grid(B, T, N, BT, cu is not None)
     return B, T, H, M, N, nf, NB, BT, BM, W, NP
 
 
-def block_rows(B, T, N, varlen, BT):
-    """Rows of the per-block buffers (the flat blocks' bound, ula/ops/_packed_blocks.py `_grid`)."""
-    return _grid(B, T, N, BT, varlen)[0]
-
-
-def forward(w, z0, cu, save, tiles):
-    """(φ [B, T, H, m] float32, z_T [N, H, m] float32, the blocks' entering pairs or None) of w [B, T, H, m] (B == 1
-    with cu)."""
-    B, T, H, M, N, nf, NB, BT, BM, W, NP = _plan(w, cu, tiles)
+def forward(w, z0, cu):
+    """(φ [B, T, H, m] float32, z_T [N, H, m] float32) of w [B, T, H, m] (B == 1 with cu)."""
+    B, T, H, M, N, nf, NB, BT, BM, W, NP = _plan(w, cu)
     w = w.contiguous()
     z0 = None if z0 is None else z0.contiguous()
     dev = w.device
@@ -298,36 +288,35 @@ def forward(w, z0, cu, save, tiles):
     summ = alloc((nf, 2, H, M), dev)
     incl = alloc((nf, 2, H, M), dev)
     first = alloc((nf,), dev).view(torch.int32)  # (through alloc's float32: poisoned in tests)
-    carry = alloc((nf, 2, H, M), dev) if save else summ
     cu_, z0_ = (summ if cu is None else cu), (summ if z0 is None else z0)
     grid = (nf, H, cdiv(M, BM))
     flags = dict(NS=_seq_piece(NP), HAS_Z0=z0 is not None, VARLEN=cu is not None)
     launch(_abc_softmax_sum_kernel, grid, w, z0_, cu_, summ, first, T, H, M, N, NB, BT=BT, BM=BM, **flags,
            num_warps=W)
     launch(_abc_softmax_scan_kernel, (H, cdiv(M, BM)), summ, first, incl, nf, H, M, BM=BM, NP=NP, num_warps=8)
-    launch(_abc_softmax_fwd_kernel, grid, w, z0_, cu_, incl, phi, zT, carry, T, H, M, N, NB, BT=BT, BM=BM, **flags,
-           SAVE=save, num_warps=W)
-    return phi, zT, (carry if save else None)
+    launch(_abc_softmax_fwd_kernel, grid, w, z0_, cu_, incl, phi, zT, T, H, M, N, NB, BT=BT, BM=BM, **flags,
+           num_warps=W)
+    return phi, zT
 
 
-def backward(w, z0, cu, carry, gphi, gzT, tiles):
-    """(dw in w's dtype, dz0 in z0's or None) from dφ (any float dtype, or None: zeros) and dz_T (or None)."""
-    B, T, H, M, N, nf, NB, BT, BM, W, NP = _plan(w, cu, tiles)
-    w = w.contiguous()
-    dev = w.device
-    gphi = torch.zeros_like(w, dtype=torch.float32) if gphi is None else gphi.contiguous()
+def backward(phi, w, z0, cu, gphi, gzT, w_dtype):
+    """(dw in w_dtype, dz0 in z0's dtype or None) from φ (the forward's), dφ (any float dtype, or None: zeros) and
+    dz_T (or None); w (its first step per sequence) only with z0."""
+    B, T, H, M, N, nf, NB, BT, BM, W, NP = _plan(phi, cu)
+    dev = phi.device
+    gphi = torch.zeros_like(phi) if gphi is None else gphi.contiguous()
     gzT = None if gzT is None else gzT.contiguous()
-    dw = alloc((B, T, H, M), dev, w.dtype)
+    dw = alloc((B, T, H, M), dev, w_dtype)
     dz0 = alloc((N, H, M), dev, z0.dtype) if z0 is not None else None
     maps = alloc((nf, 2, H, M), dev)
     afirst = alloc((nf, H, M), dev)
-    cu_, gz_ = (carry if cu is None else cu), (carry if gzT is None else gzT)
+    cu_, gz_ = (maps if cu is None else cu), (maps if gzT is None else gzT)
     grid = (nf, H, cdiv(M, BM))
     flags = dict(NS=_seq_piece(NP), HAS_GZT=gzT is not None, VARLEN=cu is not None)
-    launch(_abc_softmax_map_kernel, grid, w, cu_, carry, gphi, gz_, maps, T, H, M, N, NB, BT=BT, BM=BM, **flags,
+    launch(_abc_softmax_map_kernel, grid, phi, cu_, gphi, gz_, maps, T, H, M, N, NB, BT=BT, BM=BM, **flags,
            num_warps=W)
     launch(_abc_softmax_rscan_kernel, (H, cdiv(M, BM)), maps, afirst, nf, H, M, BM=BM, NP=NP, num_warps=8)
-    launch(_abc_softmax_bwd_kernel, grid, w, carry if z0 is None else z0.contiguous(), cu_, carry, afirst, gphi, gz_,
-           dw, carry if dz0 is None else dz0, T, H, M, N, NB, BT=BT, BM=BM, HAS_Z0=z0 is not None, **flags,
-           num_warps=W)
+    w_, z0_, dz0_ = (maps, maps, maps) if z0 is None else (w.contiguous(), z0.contiguous(), dz0)
+    launch(_abc_softmax_bwd_kernel, grid, phi, w_, z0_, cu_, afirst, gphi, gz_, dw, dz0_, T, H, M, N, NB, BT=BT, BM=BM,
+           HAS_Z0=z0 is not None, **flags, num_warps=W)
     return dw, dz0
