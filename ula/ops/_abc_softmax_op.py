@@ -8,9 +8,9 @@ torch.compile's CUDA graphs.
 
 The backward reads φ, which the forward returns (float32), not w: its factors exp(z_j − z_{j+1}) are 1 − φ_{j+1}
 (w only with z0, for dz0's factor at each sequence's first step). So the call keeps φ for the backward instead of w
-and no other buffer, and the op's outputs depend on no tile
-setting (a compiled graph holds its fake outputs' shapes: Inductor's FX graph cache keys a graph on the graph, not
-on what a fake function returns, pytorch/pytorch#160472; session 37 saw an H100 serve one tree's graph to another)."""
+and no other buffer, and no output of the op depends on a tile setting: a compiled graph holds its fake outputs'
+shapes, and Inductor's FX graph cache keys a graph on the graph, not on what a fake function returns
+(pytorch/pytorch#160472; session 37 saw an H100 serve one tree's graph, with a per-block buffer, to another)."""
 from typing import List, Optional, Tuple
 
 import torch
