@@ -409,16 +409,17 @@ def _fake_checking_backend(mismatches, seen):
     return aot_autograd(fw_compiler=compiler, bw_compiler=compiler)
 
 
+@pytest.mark.parametrize("backend", ["triton", "torch"])
 @pytest.mark.parametrize("states", [False, True], ids=["", "states"])
 @pytest.mark.parametrize("packed", [False, True], ids=["rows", "packed"])
 @pytest.mark.parametrize("name", sorted(_packed_ops()))
-def test_custom_ops_fake_outputs_match_real(name, packed, states):
+def test_custom_ops_fake_outputs_match_real(name, packed, states, backend):
     """Each ula custom op that an op's compiled forward and backward run returns what its fake function promised
-    (shape, dtype), on the Triton path (the interpreter; 40 steps cross its blocks of 8), rows and packed, and with
+    (shape, dtype), on both paths (Triton: the interpreter, 40 steps cross its blocks of 8), rows and packed, and with
     an initial state (an eager call's final state, its gradient taken) and the final state in the loss."""
     from torch.utils._pytree import tree_leaves, tree_map
     fn = _packed_ops(grad=True)[name]
-    kw = dict(cu_seqlens=torch.tensor([0, 13, 40]) if packed else None, backend="triton")
+    kw = dict(cu_seqlens=torch.tensor([0, 13, 40]) if packed else None, backend=backend)
     if states:
         with torch.no_grad():
             S0 = fn(dict(kw, output_final_state=True))[1]
