@@ -38,6 +38,7 @@ from ula.bench.script import Run  # noqa: E402
 SCRIPT = os.path.abspath(__file__)
 OURS = ("gla", "mlstm_sig", "mlstm_exp", "gsa", "normalized", "linear", "normalized_nol2", "linear_l2",
         "linear_l2_fused")
+MORE = ("abc", "abc_fla_form")  # ours on request (--ours), not by default
 # peer -> (what it is, our op it is set against, expected seconds of a first call in a fresh process)
 PEERS = {
     "tfla_sig": ("mlstm-kernels TFLA mLSTMsig, chunk 128 (normalize=True, its default)", "mlstm_sig", 45),
@@ -46,6 +47,7 @@ PEERS = {
     "fla_gla": ("fla chunk_gla", "gla", 180),
     "fla_norm": ("fla chunk_linear_attn(normalize=True)", "normalized", 200),
     "fla_gsa": ("fla chunk_gsa, m=64", "gsa", 450),
+    "fla_abc": ("fla chunk_abc, m=64 (its ABC form: earlier writes rescaled; ours as ula.gsa)", "abc_fla_form", 450),
 }
 DEFAULT_PEERS = "tfla_sig,tfla_sig_nonorm,tfla_exp,fla_gla,fla_norm"
 QUICK_PEERS = "tfla_sig,tfla_exp"
@@ -85,9 +87,9 @@ def config(run):
                                            [8192, 32768, 131072] if run.quick else [8192, 16384, 32768, 65536, 131072])
     peers = a.peers if a.peers is not None else (QUICK_PEERS if run.quick else DEFAULT_PEERS)
     peers = [] if peers == "none" else peers.split(",")
-    bad = [p for p in peers if p not in PEERS] + [o for o in a.ours.split(",") if o not in OURS]
+    bad = [p for p in peers if p not in PEERS] + [o for o in a.ours.split(",") if o not in OURS + MORE]
     if bad:
-        raise SystemExit(f"unknown ops or peers {bad}; ours: {OURS}, peers: {tuple(PEERS)}")
+        raise SystemExit(f"unknown ops or peers {bad}; ours: {OURS + MORE}, peers: {tuple(PEERS)}")
     return shape, chunks, mem_T, peers
 
 
@@ -128,7 +130,7 @@ def peer_fn(name, shape, slots, dtype, device):
     if name.startswith("tfla"):
         f = fam.tfla("exp" if name == "tfla_exp" else "sig", 128, normalize=name != "tfla_sig_nonorm", dtype=dtype)
         return f, fam.make_tfla(B, T, H, K, V, device, dtype)
-    op = {"fla_gla": "gla", "fla_norm": "normalized_pos", "fla_gsa": "gsa"}[name]
+    op = {"fla_gla": "gla", "fla_norm": "normalized_pos", "fla_gsa": "gsa", "fla_abc": "abc_fla_form"}[name]
     return fam.fla(op), fam.make(op, B, T, H, K, V, device, dtype, m=slots)
 
 

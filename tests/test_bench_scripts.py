@@ -133,3 +133,22 @@ def test_repeat_calls_cpu_smoke():
         assert x["bitwise_same"], x
         assert all(e < 1e-4 for call in x["errors_per_call"] for e in call), x
     assert r.stdout.strip().endswith("all the same")
+
+
+def test_abc_fla_form_computes_fla_abc():
+    """The benchmark op set against fla's chunk_abc ("abc_fla_form" of ula.bench.families: ula.gsa with s = φ,
+    g = z_{t−1} − z_t) computes fla's ABC form, every earlier write rescaled by the current normalizer, as the
+    step-by-step recurrence of benchmarks/cpu_abc_forms.py does (float64, fresh inputs); ula.abc, paper 004's Eq.
+    3-4 as printed, does not."""
+    import torch
+    import ula
+    from helpers import fresh_seed
+    from ula.bench import families
+    sys.path.insert(0, os.path.dirname(SCRIPT))
+    from cpu_abc_forms import fla_form
+    seed = fresh_seed()
+    x = families.make("abc_fla_form", 2, 29, 2, 8, 8, "cpu", torch.float64, m=4, seed=seed)
+    ref = fla_form(*(x[n].detach() for n in ("q", "k", "v", "w")))
+    got = families.ours("abc_fla_form", backend="torch")(x)
+    assert (got - ref).abs().max() < 1e-12, seed
+    assert (ula.abc(x["q"], x["k"], x["v"], x["w"], backend="torch")[0] - ref).abs().max() > 1e-3, seed

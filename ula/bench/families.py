@@ -12,7 +12,10 @@ without L2 norm: o_t = Σ (q_t·k_n) v_n / Σ q_t·k_n, what fla's chunk_linear_
 "normalized_nol2" is "normalized" (a = b = 1) without the L2 norm of q and k (paper 001's Eq. 22 is optional);
 "linear_l2" is plain linear attention on the same L2-normalized q, k as "normalized", the norm by F.normalize, as a
 user would write it: "normalized" minus its normalizer; "linear_l2_fused" the same with the norm by ula's own L2
-kernels (ula/ops/_l2norm.py; F.normalize off CUDA).
+kernels (ula/ops/_l2norm.py; F.normalize off CUDA). "abc_fla_form" is ABC as fla's chunk_abc computes it, every
+earlier write rescaled by the current normalizer (not paper 004's Eq. 3-4 as printed, which ula.abc follows): ours
+as ula.gsa with s = φ and g = z_{t−1} − z_t, z the running log-normalizer of the slot logits w
+(benchmarks/cpu_abc_forms.py checks the equivalence).
 TFLA (mlstm-kernels) takes [B, H, T, D]: `make_tfla` builds its inputs in that layout, so no transpose is
 timed."""
 import torch
@@ -24,7 +27,7 @@ from ula.ops.normalized import _normed  # the L2 norm normalized attention appli
 CORE_KINDS = ("none", "constant", "scalar", "vector")
 FAMILIES = ("gla", "mlstm_sig", "mlstm_exp", "gsa", "normalized", "linear")
 CONVENIENCES = ("linear_attn", "retention", "mamba2", "hgrn2", "abc")
-FLA_SHARED = ("none", "constant", "scalar", "gla", "gsa", "normalized_pos")
+FLA_SHARED = ("none", "constant", "scalar", "gla", "gsa", "normalized_pos", "abc_fla_form")
 
 
 def _logsig(*shape, device):
@@ -56,7 +59,7 @@ def make(op, B, T, H, K, V, device, dtype, m=64, initial_state=False, seed=0):
         x["i"], x["f"] = r(B, T, H) - 2, r(B, T, H) + 4
     elif op == "gsa":
         x["s"], x["g"] = r(B, T, H, m), _logsig(B, T, H, m, device=dev)
-    elif op == "abc":
+    elif op in ("abc", "abc_fla_form"):
         x["w"] = r(B, T, H, m)
     elif op == "mamba2":
         x["dt"] = F.softplus(r(B, T, H, dt=torch.float32) - 1)
@@ -92,10 +95,20 @@ def ours(op, chunk_size=None, backend="auto"):
         "mamba2": lambda x: ula.mamba2(x["q"], x["k"], x["v"], x["dt"], x["A"], **kw)[0],
         "hgrn2": lambda x: ula.hgrn2(x["q"], x["v"], x["g"], **kw)[0],
         "abc": lambda x: ula.abc(x["q"], x["k"], x["v"], x["w"], **kw)[0],
+        "abc_fla_form": lambda x: ula.gsa(x["q"], x["k"], x["v"], *_fla_abc_gates(x["w"]), **kw)[0],
     }
     if op not in calls:
         raise ValueError(f"unknown op {op!r}; choose from {CORE_KINDS + tuple(calls)}")
     return calls[op]
+
+
+def _fla_abc_gates(w):
+    """(s, g) of fla's ABC form from slot logits w: s = exp(w − z), g = z_{t−1} − z_t (0 at the first step, where
+    the state is empty), z = logcumsumexp of w along time in float32 (float64 for float64 w)."""
+    wf = w if w.dtype == torch.float64 else w.float()
+    z = torch.logcumsumexp(wf, 1)
+    g = torch.cat([torch.zeros_like(z[:, :1]), z[:, :-1] - z[:, 1:]], 1)
+    return (wf - z).exp().to(w.dtype), g
 
 
 def fla(op):
@@ -119,6 +132,9 @@ def fla(op):
     if op == "gsa":
         from fla.ops.gsa import chunk_gsa
         return lambda x: chunk_gsa(x["q"], x["k"], x["v"], x["s"], x["g"])[0]
+    if op == "abc_fla_form":
+        from fla.ops.abc import chunk_abc
+        return lambda x: chunk_abc(x["q"], x["k"], x["v"], x["w"])[0]
     raise ValueError(f"fla has no op for {op!r}; shared ops: {FLA_SHARED}")
 
 
