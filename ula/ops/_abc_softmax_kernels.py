@@ -78,7 +78,8 @@ def _where(p, cu, N, T, NB, H, M, BT: tl.constexpr, BM: tl.constexpr, NS: tl.con
 
 @triton.jit
 def _pairs_after(w, pos, ok, hm, H, M, cm, cs):
-    """The logits (float32, −inf outside) at rows pos, and the pairs (M_t, S_t) of those steps after the carry."""
+    """The logits (float32, −inf outside) at rows pos, and the pairs (M_t, S_t) of those steps after the pair entering
+    the block (cm, cs)."""
     x = tl.load(w + (pos[:, None] * H) * M + hm, mask=ok, other=float("-inf")).to(tl.float32)
     pm, ps = tl.associative_scan((x, tl.where(ok, 1.0, 0.0)), 0, _lse_pair)
     m, s = _lse_pair(cm[None, :], cs[None, :], pm, ps)
