@@ -293,9 +293,9 @@ def test_abc_slot_logits_1e4(exact, backend):
 @pytest.mark.parametrize("backend", ["torch", "triton"])
 def test_abc_packed_slot_logits_1e4(backend):
     """Packed ABC, on PyTorch one scan over all tokens, each sequence's logits raised by its index times a margin
-    above their spread (ula/ops/gsa.py: no padding, no read of cu_seqlens' values), on Triton its own kernels: with logits in ±1e4 and 12 sequences
-    of 1-14 steps, each sequence's φ is its own cumulative softmax, within 1e-4 of the float64 reference run per
-    sequence (outputs, states and gradients)."""
+    above their spread (ula/ops/gsa.py: no padding, no read of cu_seqlens' values), on Triton its own kernels: with
+    logits in ±1e4 and 12 sequences of 1-14 steps, each sequence's φ is its own cumulative softmax, within 1e-4 of
+    the float64 reference run per sequence (outputs, states and gradients)."""
     seed = fresh_seed()
     lens = torch.randint(1, 15, (12,))
     cu = torch.cat([torch.zeros(1, dtype=torch.long), lens.cumsum(0)]).to(torch.int32)

@@ -248,7 +248,7 @@ def _abc_softmax_bwd_kernel(phi, w, z0, cu, afirst, gphi, gzT, dw, dz0, T, H, M,
         # where tiny); an empty sequence (one block, L = 0): z_T = z0, dz0 = dz_T. (The block's first step: its last
         # row.)
         first = cok & (L > 0)
-        wf = tl.load(w + (tl.min(pos, axis=0) * H) * M + tl.program_id(1) * M + cols, mask=first, other=0.0)
+        wf = tl.load(_seq_row(w, tl.min(pos, axis=0), H, M, cols), mask=first, other=0.0)  # (row bos of w)
         zz = tl.load(_seq_row(z0, n, H, M, cols), mask=first, other=0.0).to(tl.float32)
         x = zz - wf.to(tl.float32)
         ex = tl.exp(tl.minimum(x, -x))  # exp(−|x|) <= 1
