@@ -6,7 +6,7 @@ import torch.nn.functional as F
 
 import ula
 from ula.core import backends
-from helpers import KINDS, make_inputs, rel
+from helpers import KINDS, fresh_seed, make_inputs, rel
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -384,22 +384,28 @@ def test_abc_softmax_compiles_under_another_tiling(tmp_path, monkeypatch):
     Inductor's FX graph cache, which keys a graph on the graph and not on what a fake function returns
     (pytorch/pytorch#160472), served a graph cached under one ULA_TUNE_ABC_SOFTMAX to another: a size assertion in
     the compiled call (an H100, session 37). Two compiles of the same model, on one cache, tiles changed in between:
-    both give eager's loss and gradient."""
+    both give the float64 PyTorch form's loss and gradient (fresh inputs)."""
     import torch._inductor.config as inductor_config
     from ula.core.triton.utils import set_tuning
     from ula.ops.gsa import _cumulative_softmax
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))  # a cache of this test's own
     monkeypatch.setattr(inductor_config, "compile_threads", 1)
     monkeypatch.setattr(inductor_config, "fx_graph_cache", True)
-    w = torch.randn(2, 40, 2, 8, generator=torch.Generator().manual_seed(3)).requires_grad_()  # (the buffer: saved
-    # for the backward)
+    seed = fresh_seed()
+    w = torch.randn(2, 40, 2, 8).requires_grad_()  # (with a gradient: the backward's inputs are saved)
 
-    def model(w):
-        return _cumulative_softmax(w, None, None, "triton")[0].square().sum()
+    def model(w, backend="triton"):
+        return _cumulative_softmax(w, None, None, backend)[0].square().sum()
+    wd = w.detach().double().requires_grad_()
+    want = model(wd, "torch")
+    want.backward()
     try:
         for cfg in (None, "16,4,1,4"):  # the interpreter's default blocks of 8 steps, then 16
             set_tuning("abc_softmax", cfg)
-            _check_as_eager(model, torch.compile(model, fullgraph=True), [w], w, what=cfg)
+            w.grad = None
+            got = torch.compile(model, fullgraph=True)(w)
+            got.backward()
+            assert rel(got, want) < 1e-5 and rel(w.grad, wd.grad) < 1e-5, (cfg, seed)
             torch._dynamo.reset()
     finally:
         set_tuning("abc_softmax", None)
