@@ -40,7 +40,7 @@ def main():
     ref = fla_form(*(x[n].detach() for n in ("q", "k", "v", "w")))
     ours_fla = families.ours("abc_fla_form", backend="torch")(x).detach()
     abc = ula.abc(x["q"], x["k"], x["v"], x["w"], backend="torch")[0].detach()
-    print(f"max |ula.gsa(s=φ, g=z_(t-1) - z_t) - fla's form|: {(ours_fla - ref).abs().max().item():.2e}")
+    print(f"max |ula.gsa(s=φ, g=log(1 - φ) = z_(t-1) - z_t) - fla's form|: {(ours_fla - ref).abs().max().item():.2e}")
     print(f"max |ula.abc - fla's form| (other math): {(abc - ref).abs().max().item():.2e}")
 
 

@@ -152,3 +152,17 @@ def test_abc_fla_form_computes_fla_abc():
     got = families.ours("abc_fla_form", backend="torch")(x)
     assert (got - ref).abs().max() < 1e-12, seed
     assert (ula.abc(x["q"], x["k"], x["v"], x["w"], backend="torch")[0] - ref).abs().max() > 1e-3, seed
+    # gradients (w's through both gates) against autograd through the recurrence
+    do = torch.randn_like(ref)
+    names = ("q", "k", "v", "w")
+    want = torch.autograd.grad(fla_form(*(x[n] for n in names)), [x[n] for n in names], do)
+    have = torch.autograd.grad(got, [x[n] for n in names], do)
+    for n, a, b in zip(names, have, want):
+        assert (a - b).abs().max() < 1e-10 * (1 + b.abs().max()), (n, seed)
+    # the Triton kernels (interpreted here), float32 with an odd length: the gates from its cumulative softmax
+    x32 = {n: t.detach().float().requires_grad_() for n, t in x.items()}
+    got32 = families.ours("abc_fla_form", backend="triton")(x32)
+    assert (got32.double() - ref).abs().max() < 1e-4, seed
+    have32 = torch.autograd.grad(got32, [x32[n] for n in names], do.float())
+    for n, a, b in zip(names, have32, want):
+        assert (a.double() - b).abs().max() < 1e-4 * (1 + b.abs().max()), (n, seed)

@@ -14,8 +14,8 @@ without L2 norm: o_t = Σ (q_t·k_n) v_n / Σ q_t·k_n, what fla's chunk_linear_
 user would write it: "normalized" minus its normalizer; "linear_l2_fused" the same with the norm by ula's own L2
 kernels (ula/ops/_l2norm.py; F.normalize off CUDA). "abc_fla_form" is ABC as fla's chunk_abc computes it, every
 earlier write rescaled by the current normalizer (not paper 004's Eq. 3-4 as printed, which ula.abc follows): ours
-as ula.gsa with s = φ and g = z_{t−1} − z_t, z the running log-normalizer of the slot logits w
-(benchmarks/cpu_abc_forms.py checks the equivalence).
+as ula.gsa with s = φ and g = z_{t−1} − z_t = log(1 − φ_t), z the running log-normalizer of the slot logits w,
+both from ula's cumulative softmax (benchmarks/cpu_abc_forms.py checks the equivalence).
 TFLA (mlstm-kernels) takes [B, H, T, D]: `make_tfla` builds its inputs in that layout, so no transpose is
 timed."""
 import torch
@@ -95,20 +95,22 @@ def ours(op, chunk_size=None, backend="auto"):
         "mamba2": lambda x: ula.mamba2(x["q"], x["k"], x["v"], x["dt"], x["A"], **kw)[0],
         "hgrn2": lambda x: ula.hgrn2(x["q"], x["v"], x["g"], **kw)[0],
         "abc": lambda x: ula.abc(x["q"], x["k"], x["v"], x["w"], **kw)[0],
-        "abc_fla_form": lambda x: ula.gsa(x["q"], x["k"], x["v"], *_fla_abc_gates(x["w"]), **kw)[0],
+        "abc_fla_form": lambda x: ula.gsa(x["q"], x["k"], x["v"], *_fla_abc_gates(x["w"], backend), **kw)[0],
     }
     if op not in calls:
         raise ValueError(f"unknown op {op!r}; choose from {CORE_KINDS + tuple(calls)}")
     return calls[op]
 
 
-def _fla_abc_gates(w):
-    """(s, g) of fla's ABC form from slot logits w: s = exp(w − z), g = z_{t−1} − z_t (0 at the first step, where
-    the state is empty), z = logcumsumexp of w along time in float32 (float64 for float64 w)."""
-    wf = w if w.dtype == torch.float64 else w.float()
-    z = torch.logcumsumexp(wf, 1)
-    g = torch.cat([torch.zeros_like(z[:, :1]), z[:, :-1] - z[:, 1:]], 1)
-    return (wf - z).exp().to(w.dtype), g
+def _fla_abc_gates(w, backend="auto"):
+    """(s, g) of fla's ABC form from slot logits w: s = φ = exp(w − z), z the running log-normalizer of w along
+    time, and g = z_{t−1} − z_t = log(1 − φ_t) (z_t = logaddexp(z_{t−1}, w_t)), so both come from ula's cumulative
+    softmax (its kernels on the Triton backend). φ is capped just below 1 (where the last logit dominates, or at the
+    first step: the state it decays is then nil or below float rounding), which keeps g and its gradient finite."""
+    from ula.ops.gsa import _cumulative_softmax
+    phi, _ = _cumulative_softmax(w, None, None, backend)
+    g = torch.log1p(-phi.clamp_max(1.0 - torch.finfo(phi.dtype).eps / 2))
+    return phi.to(w.dtype), g
 
 
 def fla(op):
