@@ -7,7 +7,11 @@
 #                                                  # fla's wheel on PYTHONPATH (../shared/peers/README.md: .whl
 #                                                  # carried, pip install --target /tmp/site); fla autotunes for
 #                                                  # minutes on its first call, hence a call of its own
-# Writes $OUT/pending38.log and part 2's $OUT/fam_abc/gpu_families_vs_peers.json.
+#     bash benchmarks/gpu_pending_session38.sh 3   # part 2 again after "abc_fla_form" took its gates from ula's
+#                                                  # cumulative softmax (no PyTorch logcumsumexp), and the bf16 error
+#                                                  # of ours and fla's chunk_abc against float64 (same fla wheel)
+# Writes $OUT/pending38.log, part 2's and 3's $OUT/fam_abc/gpu_families_vs_peers.json, part 3's
+# $OUT/quality_abc/gpu_hardening.json.
 NAME=pending38
 source "$(dirname "$0")/gpu_pending_common.sh"
 export PYTHONPATH=.${PYTHONPATH:+:$PYTHONPATH}
@@ -16,5 +20,9 @@ case "$PART" in
    TMO=90 run python3 benchmarks/gpu_smoke.py --parts repeat ;;
 2) TMO=595 run python3 benchmarks/gpu_families_vs_peers.py --graph --budget-s 570 --sections ops,peers \
        --ours abc_fla_form,abc,gsa --peers fla_abc --rounds 2 --out "$OUT/fam_abc" ;;
+3) TMO=300 run python3 benchmarks/gpu_families_vs_peers.py --graph --budget-s 270 --sections ops,peers \
+       --ours abc_fla_form,abc,gsa --peers fla_abc --rounds 2 --out "$OUT/fam_abc"
+   TMO=240 run python3 benchmarks/gpu_hardening.py --sections quality --q-ops abc_fla_form --budget-s 220 \
+       --out "$OUT/quality_abc" ;;
 esac
 tail -c 11000 "$LOG"
