@@ -10,6 +10,9 @@
 #     bash benchmarks/gpu_pending_session38.sh 3   # part 2 again after "abc_fla_form" took its gates from ula's
 #                                                  # cumulative softmax (no PyTorch logcumsumexp), and the bf16 error
 #                                                  # of ours and fla's chunk_abc against float64 (same fla wheel)
+#     bash benchmarks/gpu_pending_session38.sh 4   # after the session's fixes (decayed widths over 256 run in blocks,
+#                                                  # float64 layers, argument checks): the GPU suite, the smoke's
+#                                                  # repeat part, and bf16 errors of the wide calls
 # Writes $OUT/pending38.log, part 2's and 3's $OUT/fam_abc/gpu_families_vs_peers.json, part 3's
 # $OUT/quality_abc/gpu_hardening.json.
 NAME=pending38
@@ -24,5 +27,8 @@ case "$PART" in
        --ours abc_fla_form,abc,gsa --peers fla_abc --rounds 2 --out "$OUT/fam_abc"
    TMO=240 run python3 benchmarks/gpu_hardening.py --sections quality --q-ops abc_fla_form --budget-s 220 \
        --out "$OUT/quality_abc" ;;
+4) TMO=300 run ULA_TEST_GPU=1 python3 -m pytest -q -n 8 -p no:cacheprovider tests -rfE
+   TMO=90 run python3 benchmarks/gpu_smoke.py --parts repeat
+   TMO=120 run python3 benchmarks/gpu_wide_decay.py ;;
 esac
 tail -c 11000 "$LOG"

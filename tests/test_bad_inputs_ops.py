@@ -84,10 +84,18 @@ CASES = [
     ("gla_step", "state shape", dict(state=torch.randn(B, H, V, K)), ValueError, "state"),
     ("gla_step", "v batch", dict(v=torch.randn(B + 1, H, V)), ValueError, "v"),
     ("gla_step", "k dtype", dict(k=torch.randn(B, H, K, dtype=torch.float64)), TypeError, "k"),
+    ("gla_step", "scale string", dict(scale="x"), TypeError, "scale"),
+    ("gla_step", "scale inf", dict(scale=float("inf")), TypeError, "scale"),
     # --- mlstm
     ("mlstm", "q rank 3", dict(q=torch.randn(B, T, H * K)), ValueError, "q"),
     ("mlstm", "variant string", dict(variant="tanh"), ValueError, "variant"),
     ("mlstm", "variant not str", dict(variant=1), ValueError, "variant"),
+    ("mlstm", "eps None", dict(eps=None), TypeError, "eps"),
+    ("mlstm", "eps string", dict(eps="1e-6"), TypeError, "eps"),
+    ("mlstm", "eps negative", dict(eps=-1.0), ValueError, "eps"),
+    ("mlstm", "eps tensor", dict(eps=torch.tensor([1e-6, 1e-6])), TypeError, "eps"),
+    ("mlstm", "exp state n dtype", dict(initial_state=(torch.randn(B, H, K, V), torch.randn(B, H, K).half(),
+                                                       torch.randn(B, H))), TypeError, "n"),
     ("mlstm", "i shape", dict(i=torch.randn(B, T, H, 1)), ValueError, "i"),
     ("mlstm", "f shape", dict(f=torch.randn(B, T)), ValueError, "f"),
     ("mlstm", "i int", dict(i=torch.zeros(B, T, H, dtype=I64)), TypeError, "i"),
@@ -102,6 +110,10 @@ CASES = [
     ("mlstm", "sig state tuple", dict(variant="sig", initial_state=(torch.randn(B, H, K, V),)), TypeError, "state"),
     ("mlstm", "sig state shape", dict(variant="sig", initial_state=torch.randn(B, H, K, V + 1)), ValueError, "state"),
     ("mlstm_step", "variant", dict(variant="softmax"), ValueError, "variant"),
+    ("mlstm_step", "eps string", dict(eps="x"), TypeError, "eps"),
+    ("mlstm_step", "scale string", dict(scale="x"), TypeError, "scale"),
+    ("mlstm_step", "exp state C dtype", dict(state=(torch.randn(B, H, K, V).double(), torch.randn(B, H, K),
+                                                    torch.randn(B, H))), TypeError, "C"),
     ("mlstm_step", "q rank", dict(q=torch.randn(B, 1, H, K)), ValueError, "q"),
     ("mlstm_step", "i shape", dict(i=torch.randn(B, H + 1)), ValueError, "i"),
     ("mlstm_step", "f int", dict(f=torch.zeros(B, H, dtype=I64)), TypeError, "f"),
@@ -118,9 +130,15 @@ CASES = [
     ("normalized_linear_attention", "state shape [B,H,K,V]", dict(initial_state=torch.randn(B, H, K, V)), ValueError,
      "initial_state"),
     ("normalized_linear_attention", "chunk size", dict(chunk_size=0), ValueError, "chunk_size"),
+    ("normalized_linear_attention", "eps None", dict(eps=None), TypeError, "eps"),
+    ("normalized_linear_attention", "eps zero", dict(eps=0.0), ValueError, "eps"),
+    ("normalized_linear_attention", "a nan", dict(a=float("nan")), ValueError, "a"),
+    ("normalized_linear_attention", "b inf", dict(b=float("inf")), ValueError, "b"),
+    ("normalized_linear_attention", "qk_l2_norm string", dict(qk_l2_norm="no"), TypeError, "qk_l2_norm"),
     ("normalized_linear_attention_step", "q rank", dict(q=torch.randn(B, 1, H, K)), ValueError, "q"),
     ("normalized_linear_attention_step", "state shape", dict(state=torch.randn(B, H, K, V)), ValueError, "state"),
     ("normalized_linear_attention_step", "a wrong H", dict(a=torch.ones(H + 2)), ValueError, "a"),
+    ("normalized_linear_attention_step", "eps negative", dict(eps=-1e-6), ValueError, "eps"),
     # --- gsa
     ("gsa", "neither s nor g", dict(g=None), ValueError, "g"),
     ("gsa", "q rank", dict(q=torch.randn(B, T, H * K)), ValueError, "q"),
@@ -139,16 +157,19 @@ CASES = [
     ("gsa_step", "g shape", dict(g=_lg(B, H + 1, M)), ValueError, "g"),
     ("gsa_step", "s disagrees", dict(s=torch.rand(B, H, M - 1)), ValueError, "g"),
     ("gsa_step", "state length", dict(state=(torch.randn(B, H, K, M),)), ValueError, "state"),
+    ("gsa_step", "scale string", dict(scale="x"), TypeError, "scale"),
     # --- abc
     ("abc", "w rank 3", dict(w=torch.randn(B, T, H)), ValueError, "w"),
     ("abc", "w wrong T", dict(w=torch.randn(B, T + 1, H, M)), ValueError, "w"),
     ("abc", "w int", dict(w=torch.zeros(B, T, H, M, dtype=I64)), TypeError, "w"),
     ("abc", "w None", dict(w=None), TypeError, "w"),
+    ("abc", "w -inf", dict(w=torch.full((B, T, H, M), float("-inf"))), ValueError, "w"),
     ("abc", "state of 2", dict(initial_state=(torch.randn(B, H, K, M), torch.randn(B, H, M, V))), ValueError, "state"),
     ("abc", "state z shape", dict(initial_state=(torch.randn(B, H, K, M), torch.randn(B, H, M, V), torch.randn(B, H))),
      ValueError, "state[2]"),
     ("abc_step", "w rank", dict(w=torch.randn(B, M)), ValueError, "w"),
     ("abc_step", "state of 1", dict(state=(torch.randn(B, H, K, M),)), ValueError, "state"),
+    ("abc_step", "scale tensor", dict(scale=torch.tensor(0.5)), TypeError, "scale"),
     # --- linear_attn
     ("linear_attn", "q rank", dict(q=torch.randn(B, T, H * K)), ValueError, "q"),
     ("linear_attn", "q not tensor", dict(q=[[1.0]]), TypeError, "q"),
@@ -157,6 +178,7 @@ CASES = [
     ("linear_attn_step", "q rank", dict(q=torch.randn(B, 1, H, K)), ValueError, "q"),
     ("linear_attn_step", "k shape", dict(k=torch.randn(B, H, K + 1)), ValueError, "k"),
     ("linear_attn_step", "state shape", dict(state=torch.randn(B, H, V, K)), ValueError, "state"),
+    ("linear_attn_step", "scale bool", dict(scale=True), TypeError, "scale"),
     # --- retention
     ("retention", "ld [B,T,H]", dict(ld=_lg(B, T, H)), ValueError, "ld"),
     ("retention", "ld wrong H", dict(ld=_lg(H + 1)), ValueError, "ld"),
@@ -166,6 +188,7 @@ CASES = [
     ("retention", "k rank", dict(k=torch.randn(B, T, H)), ValueError, "k"),
     ("retention_step", "ld wrong H", dict(ld=_lg(H + 1)), ValueError, "ld"),
     ("retention_step", "state shape", dict(state=torch.randn(B, H, K)), ValueError, "state"),
+    ("retention_step", "scale nan", dict(scale=float("nan")), TypeError, "scale"),
     ("retnet_log_decay", "H zero", dict(H=0), ValueError, "H"),
     ("retnet_log_decay", "H string", dict(H="3"), ValueError, "H"),
     ("retnet_log_decay", "H float", dict(H=3.0), ValueError, "H"),
@@ -179,6 +202,7 @@ CASES = [
     ("mamba2_step", "dt shape", dict(dt=torch.rand(B, 1)), ValueError, "dt"),
     ("mamba2_step", "A shape", dict(A=-torch.rand(1, H)), ValueError, "A"),
     ("mamba2_step", "state shape", dict(state=torch.randn(B, H, V, K)), ValueError, "state"),
+    ("mamba2_step", "scale string", dict(scale="1"), TypeError, "scale"),
     # --- hgrn2
     ("hgrn2", "g wrong K", dict(g=_lg(B, T, H, K - 1)), ValueError, "g"),
     ("hgrn2", "g positive", dict(g=torch.full((B, T, H, K), 1.0)), ValueError, "g"),
@@ -186,6 +210,7 @@ CASES = [
     ("hgrn2", "v dtype", dict(v=torch.randn(B, T, H, V).half()), TypeError, "v"),
     ("hgrn2_step", "g shape", dict(g=_lg(B, H, K + 1)), ValueError, "g"),
     ("hgrn2_step", "v rank", dict(v=torch.randn(B, V)), ValueError, "v"),
+    ("hgrn2_step", "scale string", dict(scale="1"), TypeError, "scale"),
     # --- recurrent_step
     ("recurrent_step", "q rank 4", dict(q=torch.randn(B, 1, H, K)), ValueError, "q"),
     ("recurrent_step", "k shape", dict(k=torch.randn(B, H, K - 1)), ValueError, "k"),
@@ -194,6 +219,7 @@ CASES = [
     ("recurrent_step", "rd shape", dict(rd=_lg(B, H, K)), ValueError, "rd"),
     ("recurrent_step", "state shape", dict(state=torch.randn(B, H, V, K)), ValueError, "state"),
     ("recurrent_step", "v int", dict(v=torch.ones(B, H, V, dtype=I64)), TypeError, "v"),
+    ("recurrent_step", "scale string", dict(scale="x"), TypeError, "scale"),
 ]
 
 # cu_seqlens cases, run for every op that takes cu_seqlens
@@ -270,3 +296,22 @@ def test_state_per_sequence_with_cu_seqlens(fn):
     with pytest.raises(ValueError) as e:
         _call(fn, dict(cu_seqlens=cu, initial_state=one), PACKED[fn])
     assert "state" in str(e.value), str(e.value)
+
+
+def test_messages_stay_short_for_tensor_arguments():
+    """A tensor passed where a string or number belongs (e.g. a state given positionally into `variant`) is named
+    by its shape, not printed element by element."""
+    a = GOOD["mlstm"]()
+    with pytest.raises(ValueError) as e:
+        ula.ops.mlstm(a["q"], a["k"], a["v"], a["i"], a["f"], torch.randn(B, H, K, V))
+    assert "variant" in str(e.value) and len(str(e.value)) < 200, str(e.value)
+
+
+@pytest.mark.parametrize("over, arg", [(dict(output_final_state="no"), "output_final_state"),
+                                       (dict(reverse=1), "reverse"), (dict(precision="bogus"), "precision")])
+@pytest.mark.parametrize("backend", ["torch", "reference"])
+def test_core_flags_and_precision_checked_on_every_backend(over, arg, backend):
+    a = GOOD["linear_attn"]()
+    with pytest.raises((TypeError, ValueError)) as e:
+        ula.linear_attention(a["q"], a["k"], a["v"], backend=backend, **over)
+    assert _named(str(e.value), arg), str(e.value)

@@ -72,6 +72,10 @@ def test_train_resume_is_exact_and_generate(tmp_path, capsys):
     capsys.readouterr()
     assert main(["generate", str(a), "--prompt", "The ", "--max-new-tokens", "8", "--device", "cpu"]) == 0
     assert capsys.readouterr().out.startswith("The ")
+    # a finished run resumed: nothing to train, said so; no speed of 0 tokens/s in its metrics
+    assert main(["train", "--resume", str(b)] + THREADS) == 0
+    assert "no step to train: the run was already at step 4" in capsys.readouterr().out
+    assert _json(b / "metrics.json")["tokens_per_second"] is None
 
 
 def test_train_compile(tmp_path, capsys):
@@ -130,8 +134,12 @@ def test_bench_cpu(tmp_path, capsys):
     assert {"ula_none", "ula_vector", "sdpa_causal"} <= kernels
     assert all("error" not in r and r["fwdbwd_ms"] > 0 for r in res["rows"])
     assert (out / "time.png").exists()
+    printed = capsys.readouterr().out
+    written = printed.split(f"wrote {out}/")[-1].strip().split(", ")
+    assert written[0] == "results.json" and {"time.png", "time_fwd.png"} <= set(written), printed
+    assert all((out / n).exists() for n in written), printed  # every file it names, and only those
     if not torch.cuda.is_available():
-        assert "peers" in capsys.readouterr().out
+        assert "peers" in printed
         assert res["meta"]["graph"] is False and not (out / "time_graph.png").exists()  # no graphs on a CPU
 
 

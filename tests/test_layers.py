@@ -16,6 +16,16 @@ def make(name, **kw):
     return build_mixer(name, D, H, chunk_size=16, **{**SMALL.get(name, {}), **kw})
 
 
+def stepped(m, x):
+    """(y, final state) of m run one token at a time over x [B, T, d], from no state."""
+    st, ys = None, []
+    with torch.no_grad():
+        for t in range(x.shape[1]):
+            yt, st = m.step(x[:, t], st)
+            ys.append(yt)
+    return torch.stack(ys, 1), st
+
+
 def tensors(x):
     if isinstance(x, torch.Tensor):
         return [x]
@@ -36,11 +46,7 @@ def test_step_equals_chunk(name):
     x = torch.randn(2, 40, D)
     with torch.no_grad():
         y, S = m(x)
-        st, ys = None, []
-        for t in range(x.shape[1]):
-            yt, st = m.step(x[:, t], st)
-            ys.append(yt)
-        ys = torch.stack(ys, 1)
+    ys, st = stepped(m, x)
     assert rel(ys, y) <= 1e-4, f"{name} seed {seed}: steps vs chunk {rel(ys, y):.2e}"
     for a, b in zip(tensors(st), tensors(S)):
         assert rel(a, b) <= 1e-4, f"{name} seed {seed}: final states differ"
@@ -191,3 +197,48 @@ def test_rmsnorm_float32_math_any_dtypes(x_dtype, w_dtype):
     assert y.dtype == x_dtype
     # float32 math: only the output's rounding to x's dtype remains
     assert rel(y, ref) <= (1e-6 if x_dtype == torch.float32 else 4e-3), seed
+
+
+@pytest.mark.parametrize("name", list(MIXERS))
+def test_float64_layer_is_float64_throughout(name):
+    """A float64 layer keeps its gates and norms in float64 (not float32): steps and the chunk path agree to
+    float64 rounding. Mamba2's dt and A were float32 (1e-7 apart at these weights, 1e-14 after), as were GLA's,
+    GSA's, HGRN2's, mLSTM's and RetNet's gates."""
+    seed = fresh_seed()
+    m = make(name).double()
+    with torch.no_grad():
+        for p in m.parameters():
+            if p.dim() == 2:
+                p.mul_(4)  # larger projections: float32 rounding of a gate would show
+    x = torch.randn(2, 37, D, dtype=torch.float64)
+    with torch.no_grad():
+        y, _ = m(x)
+    ys, _ = stepped(m, x)
+    assert y.dtype == torch.float64
+    assert rel(ys, y) <= 1e-11, f"{name} seed {seed}: {rel(ys, y):.2e}"
+    if hasattr(m, "_inputs"):  # what the layer hands its op: every tensor float64
+        with torch.no_grad():
+            dtypes = {t.dtype for t in tensors(m._inputs(x)) if t.is_floating_point()}
+        assert dtypes == {torch.float64}, (name, dtypes)
+    if hasattr(m, "_ld"):
+        assert m._ld(x).dtype == torch.float64, name
+
+
+@pytest.mark.parametrize("name", list(MIXERS))
+@pytest.mark.parametrize("kw, arg", [(dict(d_model=0), "d_model"), (dict(d_model=-8), "d_model"),
+                                     (dict(n_heads=0), "n_heads"), (dict(n_heads=2.0), "n_heads"),
+                                     (dict(chunk_size=7), "chunk_size"), (dict(backend="foo"), "backend")])
+def test_bad_constructor_arguments(name, kw, arg):
+    """Every mixer (softmax attention too) refuses bad widths, heads, chunk sizes and backends when built, with
+    the argument's name, not a ZeroDivisionError or an error at the first forward."""
+    a = dict(d_model=D, n_heads=H, chunk_size=16, **SMALL.get(name, {}))
+    a.update(kw)
+    with pytest.raises(ValueError, match=arg):
+        MIXERS[name](a.pop("d_model"), a.pop("n_heads"), **a)
+
+
+def test_derived_width_named_with_its_formula():
+    with pytest.raises(ValueError, match=r"d_k = int\(d_model · expand_k\) = int\(30 · 0.5\) = 15 must be divisible"):
+        build_mixer("gla", 30, 4)
+    with pytest.raises(ValueError, match=r"d_qk = int\(d_v · qk_ratio\)"):
+        build_mixer("mlstm_exp", 36, 4, qk_ratio=0.5)

@@ -151,6 +151,31 @@ def test_sample_next_filters():
     assert set(draws.flatten().tolist()) == {3}   # p(3) = 0.64 >= 0.5 alone
 
 
+@pytest.mark.parametrize("kw, arg", [(dict(n_heads=0), "n_heads"), (dict(d_model=-8), "d_model"),
+                                     (dict(n_layers=0), "n_layers"), (dict(vocab_size=0), "vocab_size"),
+                                     (dict(mlp_multiple_of=0), "mlp_multiple_of"), (dict(d_model="32"), "d_model"),
+                                     (dict(logit_softcap=0.0), "logit_softcap"),
+                                     (dict(logit_softcap=-30.0), "logit_softcap"), (dict(mlp_ratio=0), "mlp_ratio")])
+def test_bad_config(kw, arg):
+    """Sizes and the logit cap are checked when the config is made (a cap of 0 made every logit 0, n_layers 0 a
+    model with no blocks, n_heads 0 a ZeroDivisionError)."""
+    with pytest.raises(ValueError, match=f"LMConfig: {arg} must be"):
+        LMConfig(**kw)
+
+
+def test_generate_refuses_bad_sampling_and_empty_prompts():
+    m = tiny("softmax").eval()
+    ids = torch.randint(0, V, (2, 5))
+    for kw, what in [(dict(temperature=-1.0), "temperature"), (dict(top_p=0.0), "top_p"), (dict(top_k=-1), "top_k")]:
+        with pytest.raises(ValueError, match=what):
+            m.generate(ids, 3, **kw)
+        with pytest.raises(ValueError, match=what):
+            sample_next(torch.randn(2, V), **kw)
+    for empty in (ids[:, :0], ids[0]):
+        with pytest.raises(ValueError, match="input_ids must be"):
+            m.generate(empty, 3)
+
+
 def test_unknown_mixer_and_config_round_trip():
     with pytest.raises(ValueError, match="unknown mixer"):
         CausalLM(LMConfig(mixer="nope"))

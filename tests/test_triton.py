@@ -72,6 +72,20 @@ def test_forward_and_gradients(kind, right, case):
     _check(compare_with_reference(_triton(chunk), inputs, reverse=reverse), seed)
 
 
+# (kind, right decay, K, V, reverse, varlen): per-feature decays over more than 256 features, which the kernels once
+# dropped silently (K = 300 with a vector decay: o 38% off; V = 257: dq 11% off); the call now runs in blocks of 256
+@pytest.mark.parametrize("kind,right,K,V,reverse,varlen", [
+    ("vector", False, 272, 17, False, False), ("vector", False, 3, 257, True, False),
+    ("none", True, 257, 5, False, True), ("scalar", True, 9, 300, False, False),
+    ("vector", True, 260, 258, True, False)])
+def test_decayed_widths_over_256(kind, right, K, V, reverse, varlen):
+    seed = fresh_seed()
+    T = 37
+    inputs = _on(make_inputs(kind, right, 1 if varlen else 2, T, 1, K, V, N=3 if varlen else None))
+    kw = dict(cu_seqlens=torch.tensor([0, 5, 21, T], device=DEVICE)) if varlen else {}
+    _check(compare_with_reference(_triton(16), inputs, reverse=reverse, **kw), seed)
+
+
 @pytest.mark.parametrize("kind,chunk", [("scalar", 128), ("scalar", 256), ("vector", 128), ("vector", 256),
                                         ("scalar", 512)])
 def test_large_chunks_tiled(kind, chunk):

@@ -2,7 +2,6 @@
 
 Outputs go to runs/<subcommand>-<timestamp>/ unless --out DIR is given."""
 import argparse
-import json
 import math
 import os
 import re
@@ -148,7 +147,8 @@ def cmd_demo(args):
         raise CLIError(f"--d-model {cfg.d_model} must be divisible by --heads {cfg.n_heads}")
     out = _out(args, "demo")
     how = (f"{jobs} worker processes" + (" of 1 thread" if dev.type == "cpu" else "") if jobs > 1
-           else f"{torch.get_num_threads()} threads" if dev.type == "cpu" else "1 process")
+           else f"{torch.get_num_threads()} thread{'s' * (torch.get_num_threads() > 1)}" if dev.type == "cpu"
+           else "1 process")
     print(f"ula demo: MQAR with {len(cfg.mixers)} mixers on {dev} ({how}); writing {out}")
     res = run_demo(cfg, out, dev, jobs=jobs)
     print(format_table(res))
@@ -280,24 +280,26 @@ def build_parser():
     g = sub.add_parser("generate", help="sample text from a `ula train` checkpoint")
     g.add_argument("checkpoint", help="run folder (latest checkpoint) or checkpoint folder")
     g.add_argument("--prompt", default="", help="text to continue")
-    g.add_argument("--max-new-tokens", type=int, default=200)
-    g.add_argument("--temperature", type=float, default=0.8)
-    g.add_argument("--top-k", type=int)
-    g.add_argument("--top-p", type=float)
-    g.add_argument("--greedy", action="store_true")
-    g.add_argument("--seed", type=int, default=0)
-    g.add_argument("--device", default="auto")
+    g.add_argument("--max-new-tokens", type=int, default=200, help="bytes to generate (default 200)")
+    g.add_argument("--temperature", type=float, default=0.8, help="softmax temperature (default 0.8; 0: greedy)")
+    g.add_argument("--top-k", type=int, help="sample among the k likeliest bytes only (default: all)")
+    g.add_argument("--top-p", type=float, help="sample among the likeliest bytes whose probabilities reach p "
+                   "(nucleus; default: all)")
+    g.add_argument("--greedy", action="store_true", help="always the likeliest byte")
+    g.add_argument("--seed", type=int, default=0, help="random seed of the sampling (default 0)")
+    g.add_argument("--device", default="auto", help="auto (GPU if any), cpu, cuda")
     g.set_defaults(func=cmd_generate)
 
     b = sub.add_parser("bench", help="time ours against the installed peers over sequence lengths",
                        description="Forward and forward+backward time and peak memory of ula.linear_attention "
                        "(every decay kind) and of the peers installed (fla, mlstm-kernels, lightning-attn, SDPA "
                        "flash attention) over sequence lengths; table, results.json, PNG plots.")
-    b.add_argument("--kinds", default="none,constant,scalar,vector")
+    b.add_argument("--kinds", default="none,constant,scalar,vector",
+                   help=f"comma-separated decay kinds from {', '.join(_kinds())} (default: the four decays)")
     b.add_argument("--seq-lens", default=None, help="comma-separated T (default GPU 1024..16384, CPU 256,512,1024)")
-    b.add_argument("--batch", type=int, default=None)
-    b.add_argument("--heads", type=int, default=None)
-    b.add_argument("--head-dim", type=int, default=None)
+    b.add_argument("--batch", type=int, default=None, help="batch size B (default GPU 4, CPU 1)")
+    b.add_argument("--heads", type=int, default=None, help="heads H (default GPU 16, CPU 2)")
+    b.add_argument("--head-dim", type=int, default=None, help="K = V per head (default GPU 128, CPU 32)")
     b.add_argument("--reps", type=int, default=None, help="timed repetitions (CPU)")
     b.add_argument("--no-peers", action="store_true", help="time ours only")
     b.add_argument("--graph", action=argparse.BooleanOptionalAction, default=None,

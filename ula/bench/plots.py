@@ -36,7 +36,8 @@ def _panels(res, key, ylabel, path):
 
 
 def plot_bench(res, out_dir):
-    _panels(res, "fwdbwd_ms", "forward+backward ms", os.path.join(out_dir, "time.png"))
-    _panels(res, "fwd_ms", "forward ms", os.path.join(out_dir, "time_fwd.png"))
-    _panels(res, "peak_mib", "peak MiB (fwd+bwd)", os.path.join(out_dir, "memory.png"))
-    _panels(res, "fwdbwd_graph_ms", "forward+backward ms, CUDA-graph replays", os.path.join(out_dir, "time_graph.png"))
+    """The plots with data to show, each a PNG in out_dir; returns the names of those written."""
+    plots = [("fwdbwd_ms", "forward+backward ms", "time.png"), ("fwd_ms", "forward ms", "time_fwd.png"),
+             ("peak_mib", "peak MiB (fwd+bwd)", "memory.png"),
+             ("fwdbwd_graph_ms", "forward+backward ms, CUDA-graph replays", "time_graph.png")]
+    return [name for key, label, name in plots if _panels(res, key, label, os.path.join(out_dir, name))]

@@ -107,12 +107,11 @@ def run_bench(out_dir, kinds=KINDS, seq_lens=None, batch=None, heads=None, head_
         json.dump(res, f, indent=1)
     from .plots import plot_bench
     with atomic_files(out_dir, "the plots") as tmp:
-        plot_bench(res, tmp)
+        pngs = plot_bench(res, tmp)
     print(format_table(res))
     if skipped:
         print("skipped: " + "; ".join(f"{k}: {v}" for k, v in skipped.items()))
-    print(f"wrote {out_dir}/results.json, time.png" + (", time_graph.png" if graph else "")
-          + (", memory.png" if gpu else ""))
+    print(f"wrote {out_dir}/results.json" + "".join(f", {name}" for name in pngs))
     return res
 
 

@@ -6,7 +6,7 @@ from .autograd import gated_keys
 from .backends import chunk_fn, runs_triton
 from . import precision as _precision
 from . import time_split
-from .checks import check_key_gate, check_linear_attention
+from .checks import check_flag, check_key_gate, check_linear_attention
 from .op import run
 from .reference import reference_linear_attention
 
@@ -40,6 +40,9 @@ def linear_attention(q, k, v, ld=None, rd=None, *, scale=None, initial_state=Non
     key_gate: None or a log gate [B, T, H] (float32): k_t enters as exp(key_gate_t) k_t, e.g. mLSTM's input gate
     (log σ(ĩ)). Same as passing that k, but the Triton kernels apply it as they read k (no gated copy of k, and
     its gradient comes out of the backward's kernels); differentiable.
+    The log decays' gradients are formed in closed form from the q, k and state gradients (paper 002, §4.1):
+    their absolute error is a small fraction (float32: ~1e-5) of the terms they sum, so a decay gradient much
+    smaller than those terms (per-step decays exp(ld) below ~1e-4) has a large relative error.
     precision: the matmul precision of the Triton kernels for half-precision inputs, "fast", "accurate" or parts
     (ula/core/precision.py); None takes the measured default (states_forward for a constant decay, else "fast").
     `ula.set_precision` overrides it for every call."""
@@ -55,6 +58,9 @@ def linear_attention(q, k, v, ld=None, rd=None, *, scale=None, initial_state=Non
                                    output_final_state=output_final_state, cu_seqlens=cu_seqlens,
                                    chunk_size=chunk_size, backend=backend, reverse=reverse, precision=precision)
     check_linear_attention(q, k, v, ld, rd, scale, initial_state, cu_seqlens, chunk_size, backend, key_gate)
+    check_flag("linear_attention", "output_final_state", output_final_state)
+    check_flag("linear_attention", "reverse", reverse)
+    _precision.parse(precision, "linear_attention: precision")  # on every backend (the reference ignores it)
     cu_seqlens = one_sequence_as_batch(q, cu_seqlens)
     scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
     if backend == "reference":

@@ -38,6 +38,28 @@ def check_device(name, x, device, op=None):
         raise ValueError(f"{op + ': ' if op else ''}{name} must be on the device of q ({device}), got {x.device}")
 
 
+def check_scale(scale, op=None):
+    """scale: None (the default, K ** -0.5) or a finite real number."""
+    if scale is None:
+        return
+    if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(scale):
+        raise TypeError(f"{op + ': ' if op else ''}scale must be a finite number or None (None means K ** -0.5), "
+                        f"got {short_repr(scale)}")
+
+
+def check_flag(op, name, x):
+    if not isinstance(x, bool):
+        raise TypeError(f"{op}: {name} must be True or False, got {short_repr(x)}")
+
+
+def short_repr(x):
+    """x for an error message: a tensor by its shape and dtype (its repr can run to pages), else repr(x)."""
+    if isinstance(x, torch.Tensor):
+        return f"a tensor of shape {tuple(x.shape)}, dtype {x.dtype}"
+    r = repr(x)
+    return r if len(r) <= 80 else r[:77] + "..."
+
+
 def _tensor(name, x):
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
@@ -64,8 +86,7 @@ def check_linear_attention(q, k, v, ld, rd, scale, initial_state, cu_seqlens, ch
         raise ValueError(f"q, k, v need B, T, H, K, V >= 1, got q {tuple(q.shape)} and v {tuple(v.shape)}")
     _check_decay("ld", ld, q, [(H,), (B, T, H), (B, T, H, K)], "None, [H] (constant), [B, T, H] (scalar) or [B, T, H, K] (vector)")
     _check_decay("rd", rd, q, [(B, T, H, V)], "None or [B, T, H, V]")
-    if scale is not None and (isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(scale)):
-        raise TypeError(f"scale must be a finite number or None (None means K ** -0.5), got {scale!r}")
+    check_scale(scale)
     N = B
     if cu_seqlens is not None:
         _tensor("cu_seqlens", cu_seqlens)
@@ -94,13 +115,17 @@ def check_linear_attention(q, k, v, ld, rd, scale, initial_state, cu_seqlens, ch
         if initial_state.dtype not in allowed:
             raise TypeError(f"initial_state must be float32 (states are kept in float32), got {initial_state.dtype}")
         check_device("initial_state", initial_state, q.device)
+    check_chunk_backend(chunk_size, backend)
+    check_key_gate(key_gate, q)
+
+
+def check_chunk_backend(chunk_size, backend):
     if chunk_size is not None and (isinstance(chunk_size, bool) or not isinstance(chunk_size, int)
                                    or chunk_size < 16 or chunk_size > 1024 or chunk_size & (chunk_size - 1)):
         raise ValueError(f"chunk_size must be None (chosen per backend) or a power of two from 16 to 1024, "
-                         f"got {chunk_size!r}")
-    if backend not in BACKENDS:
-        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
-    check_key_gate(key_gate, q)
+                         f"got {short_repr(chunk_size)}")
+    if not isinstance(backend, str) or backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {BACKENDS}, got {short_repr(backend)}")
 
 
 def check_key_gate(key_gate, q):

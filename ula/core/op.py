@@ -163,7 +163,11 @@ def run(q, k, v, ld, rd, h0, cu_seqlens, scale, reverse, chunk_size, backend, kg
     autograd.Function (same functions inside). With a right decay and v narrower than the compute dtype (float32 for
     half-precision inputs) the kept o is o in that dtype, differentiable like o: a caller may read it instead of o's
     rounded copy (`o_for_grad` picks whichever of the two is in the compute dtype).
-    prec: precision.encode's string of the matmul precision's parts."""
+    prec: precision.encode's string of the matmul precision's parts. scale: a number (the caller's default
+    resolved)."""
+    wide = _wide_decay(q, v, ld, rd, backend)
+    if wide:
+        return _run_split(wide, q, k, v, ld, rd, h0, cu_seqlens, scale, reverse, chunk_size, backend, kg, prec)
     if torch.compiler.is_compiling():
         op = linear_attention_fwd if cu_seqlens is None else packed_fwd
     else:
@@ -175,6 +179,52 @@ def run(q, k, v, ld, rd, h0, cu_seqlens, scale, reverse, chunk_size, backend, kg
                                 lambda: dry_call(q, k, v, ld, rd, h0, cu_seqlens, scale, reverse, chunk_size, backend,
                                                  kg, grad, prec))
     return op(q, k, v, ld, rd, h0, cu_seqlens, scale, reverse, chunk_size, backend, kg, prec)
+
+
+# With a per-feature decay (a vector left decay, a right decay) the Triton kernels hold all of K, or all of V in
+# the backward's swapped roles, in one tile of at most this many features (output.py's BKF); wider ones were left
+# out, silently. A wider call runs as calls of at most this many features each.
+WIDEST_DECAYED = 256
+
+
+def _wide_decay(q, v, ld, rd, backend):
+    """"K" or "V": a width to split (K first), for a call with a per-feature decay on the Triton kernels; else
+    None. Either split is exact: under diag(exp ld) S diag(exp rd) the state's rows, and its columns, evolve
+    independently."""
+    if not ((ld is not None and ld.dim() == 4) or rd is not None):
+        return None
+    K, V = q.shape[-1], v.shape[-1]
+    if max(K, V) <= WIDEST_DECAYED or not runs_triton(backend, q.device):
+        return None
+    return "K" if K > WIDEST_DECAYED else "V"
+
+
+def _run_split(dim, q, k, v, ld, rd, h0, cu_seqlens, scale, reverse, chunk_size, backend, kg, prec):
+    """`run` as calls over blocks of WIDEST_DECAYED features of dim: along K every block of rows of the state is a
+    recurrence of its own and o = Sᵀ q sums over them; along V the state's columns, and o's, are independent. The
+    final state is the blocks' states side by side."""
+    if _NEXT_BOX[0] is not None:
+        raise ValueError(f"a per-feature decay over {dim} = {q.shape[-1] if dim == 'K' else v.shape[-1]} > "
+                         f"{WIDEST_DECAYED} features is not supported here (context parallelism or a time split on "
+                         "the Triton kernels); use backend='torch' or a head size of at most 256")
+    width = q.shape[-1] if dim == "K" else v.shape[-1]
+    parts = []
+    for a in range(0, width, WIDEST_DECAYED):
+        f = slice(a, min(a + WIDEST_DECAYED, width))
+        cut = lambda x: None if x is None else x[..., f].contiguous()  # noqa: E731
+        if dim == "K":
+            h = None if h0 is None else h0[..., f, :].contiguous()
+            lk = ld if ld is None or ld.dim() < 4 else cut(ld)
+            parts.append(run(cut(q), cut(k), v, lk, rd, h, cu_seqlens, scale, reverse, chunk_size, backend, kg, prec))
+        else:
+            parts.append(run(q, k, cut(v), ld, cut(rd), cut(h0), cu_seqlens, scale, reverse, chunk_size, backend, kg,
+                             prec))
+    outs, states, kept = zip(*parts)
+    if dim == "K":
+        o = torch.stack([x.to(_state_dtype(q)) for x in outs]).sum(0).to(v.dtype) if len(outs) > 1 else outs[0]
+        keep = torch.stack(kept).sum(0) if kept[0].numel() else kept[0]
+        return o, torch.cat(states, -2), keep
+    return torch.cat(outs, -1), torch.cat(states, -1), torch.cat(kept, -1) if kept[0].numel() else kept[0]
 
 
 def dry_call(q, k, v, ld, rd, h0, cu_seqlens, scale, reverse, chunk_size, backend, kg, grad, prec=""):

@@ -3,7 +3,13 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from ..ops._common import states_updated_in_place
+from ..core.checks import check_chunk_backend
+from ..ops._common import decay_dtype, states_updated_in_place
+
+
+def wide(x):
+    """x in float32, or float64 for a float64 model: gates and norms keep a float64 model float64 throughout."""
+    return x.to(decay_dtype(x))
 
 
 def softcap(x, cap):
@@ -12,7 +18,7 @@ def softcap(x, cap):
 
 
 class RMSNorm(nn.Module):
-    """x / rms(x) · w over the last dim, computed in float32."""
+    """x / rms(x) · w over the last dim, computed in float32 (float64 for float64 x)."""
 
     def __init__(self, dim, eps=1e-6, affine=True):
         super().__init__()
@@ -24,10 +30,10 @@ class RMSNorm(nn.Module):
             # one fused kernel on CUDA (float32 math inside; equal dtypes only), where the expression below is
             # ~8: a decoding step runs three norms per layer, and small steps are bound by their kernel count
             return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
-        y = x.float()
+        y = wide(x)
         y = y * torch.rsqrt(y.pow(2).mean(-1, keepdim=True) + self.eps)
         if self.weight is not None:
-            y = y * self.weight.float()
+            y = y * self.weight.to(y.dtype)
         return y.to(x.dtype)
 
 
@@ -50,9 +56,13 @@ def merge_heads(x):
     return x.reshape(*x.shape[:-2], x.shape[-2] * x.shape[-1])
 
 
-def check_divisible(name, a, b):
+def check_divisible(name, a, b, how=None):
+    """a width (name = a, derived as `how`, e.g. "int(d_model · expand_k)") split into b heads."""
+    got = f"{name} = {a}" if how is None else f"{name} = {how} = {a}"
+    if a < 1:
+        raise ValueError(f"{got} must be at least 1")
     if a % b:
-        raise ValueError(f"{name} = {a} must be divisible by the number of heads {b}")
+        raise ValueError(f"{got} must be divisible by the number of heads {b}")
 
 
 def map_state(fn, state):
@@ -100,6 +110,14 @@ class Mixer(nn.Module):
 
     backend = "auto"
     chunk_size = None  # the backend's measured choice
+
+    def __init__(self, d_model, n_heads, chunk_size=None, backend="auto"):
+        """The arguments every mixer takes, checked: widths positive ints; chunk_size, backend as the ops take them."""
+        super().__init__()
+        for name, x in (("d_model", d_model), ("n_heads", n_heads)):
+            if isinstance(x, bool) or not isinstance(x, int) or x < 1:
+                raise ValueError(f"{type(self).__name__}: {name} must be a positive int, got {x!r}")
+        check_chunk_backend(chunk_size, backend)
     context_parallel = False  # True where the layer's op takes a cp_group (see set_cp_group)
     cp_group = None
 

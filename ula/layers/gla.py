@@ -18,7 +18,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from ..ops import gla, gla_step
-from ._base import Mixer, check_divisible, head_norm, merge_heads, split_heads, swish
+from ._base import Mixer, check_divisible, head_norm, merge_heads, split_heads, swish, wide
 
 
 class GLALayer(Mixer):
@@ -27,11 +27,11 @@ class GLALayer(Mixer):
     def __init__(self, d_model, n_heads=4, *, expand_k=0.5, expand_v=1.0, gate_rank=16, tau=16.0,
                  norm="layernorm", norm_eps=1e-5, scale=None, rgate_bias_init=2.0, fgate_bias_init=4.0,
                  chunk_size=None, backend="auto"):
-        super().__init__()
+        super().__init__(d_model, n_heads, chunk_size, backend)
         self.d_model, self.n_heads, self.tau = d_model, n_heads, float(tau)
         self.d_k, self.d_v = int(d_model * expand_k), int(d_model * expand_v)
-        check_divisible("d_k", self.d_k, n_heads)
-        check_divisible("d_v", self.d_v, n_heads)
+        check_divisible("d_k", self.d_k, n_heads, f"int(d_model · expand_k) = int({d_model} · {expand_k})")
+        check_divisible("d_v", self.d_v, n_heads, f"int(d_model · expand_v) = int({d_model} · {expand_v})")
         self.scale, self.chunk_size, self.backend = scale, chunk_size, backend
         self.q_proj = nn.Linear(d_model, self.d_k, bias=False)
         self.k_proj = nn.Linear(d_model, self.d_k, bias=False)
@@ -54,7 +54,7 @@ class GLALayer(Mixer):
         q = split_heads(self.q_proj(x), H)
         k = split_heads(self.k_proj(x), H)
         v = split_heads(self.v_proj(x), H)
-        g = split_heads(F.logsigmoid(self.gk_up(self.gk_down(x)).float()) / self.tau, H)
+        g = split_heads(F.logsigmoid(wide(self.gk_up(self.gk_down(x)))) / self.tau, H)
         return q, k, v, g
 
     def _output(self, o, x):

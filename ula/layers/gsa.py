@@ -18,13 +18,13 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from ..ops import gsa, gsa_step
-from ._base import Mixer, RMSNorm, check_divisible, merge_heads, split_heads, swish
+from ._base import Mixer, RMSNorm, check_divisible, merge_heads, split_heads, swish, wide
 
 
 class GSALayer(Mixer):
     def __init__(self, d_model, n_heads=4, *, num_slots=64, tau=8.0, norm_eps=1e-6, scale=None,
                  fgate_bias_init=3.0, chunk_size=None, backend="auto"):
-        super().__init__()
+        super().__init__(d_model, n_heads, chunk_size, backend)
         check_divisible("d_model", d_model, n_heads)
         self.d_model, self.n_heads, self.num_slots, self.tau = d_model, n_heads, num_slots, float(tau)
         self.scale, self.chunk_size, self.backend = scale, chunk_size, backend
@@ -47,7 +47,7 @@ class GSALayer(Mixer):
         q = split_heads(swish(self.q_proj(x)), H)
         k = split_heads(swish(self.k_proj(x)), H)
         v = split_heads(swish(self.v_proj(x)), H)
-        g = split_heads(F.logsigmoid(self.f_proj(x).float()) / self.tau, H)
+        g = split_heads(F.logsigmoid(wide(self.f_proj(x))) / self.tau, H)
         return q, k, v, g
 
     def _output(self, o):

@@ -11,15 +11,15 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from ..ops import hgrn2, hgrn2_step
-from ._base import Mixer, check_divisible, head_norm, merge_heads, split_heads, swish
+from ._base import Mixer, check_divisible, head_norm, merge_heads, split_heads, swish, wide
 
 
 class HGRN2Layer(Mixer):
     def __init__(self, d_model, n_heads=4, *, expand_k=0.5, lower_bound=0.0, norm="rmsnorm", norm_eps=1e-6,
                  scale=1.0, chunk_size=None, backend="auto"):
-        super().__init__()
+        super().__init__(d_model, n_heads, chunk_size, backend)
         self.d_model, self.n_heads, self.d_k = d_model, n_heads, int(d_model * expand_k)
-        check_divisible("d_k", self.d_k, n_heads)
+        check_divisible("d_k", self.d_k, n_heads, f"int(d_model · expand_k) = int({d_model} · {expand_k})")
         check_divisible("d_model", d_model, n_heads)
         if not 0.0 <= lower_bound < 1.0:
             raise ValueError(f"lower_bound must be in [0, 1), got {lower_bound}")
@@ -33,7 +33,7 @@ class HGRN2Layer(Mixer):
 
     def _inputs(self, x):
         H = self.n_heads
-        f = self.f_proj(x).float()
+        f = wide(self.f_proj(x))
         if self.lower_bound == 0.0:
             g = F.logsigmoid(f)
         else:   # log(β + (1 − β) σ(f)) = logaddexp(log β, log(1 − β) + logσ(f))

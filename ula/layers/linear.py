@@ -17,7 +17,7 @@ FEATURE_MAPS = {"elu": lambda x: F.elu(x) + 1.0, "relu": F.relu, "identity": lam
 class LinearAttentionLayer(Mixer):
     def __init__(self, d_model, n_heads=4, *, feature_map="elu", norm="rmsnorm", norm_eps=1e-6, scale=None,
                  chunk_size=None, backend="auto"):
-        super().__init__()
+        super().__init__(d_model, n_heads, chunk_size, backend)
         check_divisible("d_model", d_model, n_heads)
         if feature_map not in FEATURE_MAPS:
             raise ValueError(f"feature_map must be one of {sorted(FEATURE_MAPS)}, got {feature_map!r}")

@@ -13,16 +13,16 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from ..ops import mamba2, mamba2_step
-from ._base import Mixer, RMSNorm, check_divisible, merge_heads, split_heads, swish
+from ._base import Mixer, RMSNorm, check_divisible, merge_heads, split_heads, swish, wide
 
 
 class Mamba2Layer(Mixer):
     def __init__(self, d_model, n_heads=4, *, expand=2, d_state=64, dt_min=1e-3, dt_max=0.1, A_init=(1.0, 16.0),
                  norm_eps=1e-6, chunk_size=None, backend="auto"):
-        super().__init__()
+        super().__init__(d_model, n_heads, chunk_size, backend)
         self.d_model, self.n_heads, self.d_state = d_model, n_heads, d_state
         self.d_inner = int(expand * d_model)
-        check_divisible("d_inner", self.d_inner, n_heads)
+        check_divisible("d_inner", self.d_inner, n_heads, f"int(expand · d_model) = int({expand} · {d_model})")
         self.chunk_size, self.backend = chunk_size, backend
         self.in_proj = nn.Linear(d_model, 2 * self.d_inner + 2 * d_state + n_heads, bias=False)
         dt = torch.exp(torch.rand(n_heads) * (math.log(dt_max) - math.log(dt_min)) + math.log(dt_min))
@@ -38,8 +38,8 @@ class Mamba2Layer(Mixer):
         x = split_heads(swish(x), H)
         B = swish(B).unsqueeze(-2).expand(*B.shape[:-1], H, N)
         C = swish(C).unsqueeze(-2).expand(*C.shape[:-1], H, N)
-        dt = F.softplus(dt.float() + self.dt_bias.float())
-        A = -torch.exp(self.A_log.float())
+        dt = F.softplus(wide(dt) + wide(self.dt_bias))
+        A = -torch.exp(wide(self.A_log))
         return z, x, B, C, dt, A
 
     def _output(self, y, x, z):

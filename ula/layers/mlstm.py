@@ -12,7 +12,7 @@ import torch
 import torch.nn as nn
 
 from ..ops import mlstm, mlstm_step
-from ._base import Mixer, check_divisible, head_norm, merge_heads, softcap, split_heads
+from ._base import Mixer, check_divisible, head_norm, merge_heads, softcap, split_heads, wide
 
 
 class MLSTMLayer(Mixer):
@@ -21,14 +21,14 @@ class MLSTMLayer(Mixer):
     def __init__(self, d_model, n_heads=4, *, variant="exp", expand_v=1.0, qk_ratio=0.5, gate_softcap=15.0,
                  igate_bias_init=-10.0, fgate_bias_init=(3.0, 6.0), norm="layernorm", norm_eps=1e-6, eps=1e-6,
                  chunk_size=None, backend="auto"):
-        super().__init__()
+        super().__init__(d_model, n_heads, chunk_size, backend)
         if variant not in ("exp", "sig"):
             raise ValueError(f"variant must be 'exp' or 'sig', got {variant!r}")
         self.d_model, self.n_heads, self.variant = d_model, n_heads, variant
         self.d_v = int(d_model * expand_v)
-        check_divisible("d_v", self.d_v, n_heads)
+        check_divisible("d_v", self.d_v, n_heads, f"int(d_model · expand_v) = int({d_model} · {expand_v})")
         self.d_qk = int(self.d_v * qk_ratio)
-        check_divisible("d_qk", self.d_qk, n_heads)
+        check_divisible("d_qk", self.d_qk, n_heads, f"int(d_v · qk_ratio) = int({self.d_v} · {qk_ratio})")
         self.gate_softcap, self.eps, self.chunk_size, self.backend = gate_softcap, eps, chunk_size, backend
         self.q_proj = nn.Linear(d_model, self.d_qk, bias=True)
         self.k_proj = nn.Linear(d_model, self.d_qk, bias=True)
@@ -52,8 +52,8 @@ class MLSTMLayer(Mixer):
         q = split_heads(self.q_proj(x), H)
         k = split_heads(self.k_proj(x), H)
         v = split_heads(self.v_proj(x), H)
-        i = softcap(self.i_proj(x).float(), self.gate_softcap)
-        f = softcap(self.f_proj(x).float(), self.gate_softcap)
+        i = softcap(wide(self.i_proj(x)), self.gate_softcap)
+        f = softcap(wide(self.f_proj(x)), self.gate_softcap)
         return q, k, v, i, f
 
     def _output(self, h, x):

@@ -15,7 +15,7 @@ from ._base import Mixer, check_divisible, merge_heads, split_heads
 class NormalizedLinearAttentionLayer(Mixer):
     def __init__(self, d_model, n_heads=4, *, a_init=1.0, b_init=1.0, learnable_ab=False, qk_l2_norm=True, eps=1e-6,
                  chunk_size=None, backend="auto"):
-        super().__init__()
+        super().__init__(d_model, n_heads, chunk_size, backend)
         check_divisible("d_model", d_model, n_heads)
         self.d_model, self.n_heads, self.qk_l2_norm, self.eps = d_model, n_heads, qk_l2_norm, eps
         self.chunk_size, self.backend = chunk_size, backend

@@ -11,13 +11,14 @@ import torch.nn.functional as F
 
 from ..core import capture
 from ..ops import retention, retention_step, retnet_log_decay
-from ._base import Mixer, check_divisible, head_norm, merge_heads, split_heads, swish
+from ..ops._common import decay_dtype
+from ._base import Mixer, check_divisible, head_norm, merge_heads, split_heads, swish, wide
 
 
 class RetNetLayer(Mixer):
     def __init__(self, d_model, n_heads=4, *, expand_v=1.0, learn_decay=False, norm="rmsnorm", norm_eps=1e-6,
                  scale=None, chunk_size=None, backend="auto"):
-        super().__init__()
+        super().__init__(d_model, n_heads, chunk_size, backend)
         self.d_model, self.n_heads, self.d_v = d_model, n_heads, int(d_model * expand_v)
         check_divisible("d_model", d_model, n_heads)
         check_divisible("d_v", self.d_v, n_heads)
@@ -35,13 +36,14 @@ class RetNetLayer(Mixer):
 
     def _ld(self, x):
         if self.learn_decay:
-            return F.logsigmoid(self.decay_logit.float())
+            return F.logsigmoid(wide(self.decay_logit))
         # fixed: nothing to store or load; kept per device (no host-to-device copy per decoding step)
+        dt = decay_dtype(x)
         if torch.compiler.is_compiling():
-            return retnet_log_decay(self.n_heads, x.device)
+            return retnet_log_decay(self.n_heads, x.device, dt)
         cached = getattr(self, "_ld_cache", None)
-        if cached is None or cached.device != x.device:
-            cached = retnet_log_decay(self.n_heads, x.device)
+        if cached is None or cached.device != x.device or cached.dtype != dt:
+            cached = retnet_log_decay(self.n_heads, x.device, dt)
             if not capture.capturing():  # made in a capture, it would hold values only after a replay
                 self._ld_cache = cached
         return cached

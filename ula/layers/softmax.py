@@ -31,7 +31,7 @@ def rope(x, pos, base):
 
 class SoftmaxAttentionLayer(Mixer):
     def __init__(self, d_model, n_heads=4, *, rope_base=10000.0, use_rope=True, chunk_size=None, backend="auto"):
-        super().__init__()
+        super().__init__(d_model, n_heads, chunk_size, backend)
         check_divisible("d_model", d_model, n_heads)
         if use_rope and (d_model // n_heads) % 2:   # rotate-half RoPE pairs the two halves of each head
             raise ValueError(f"head dim d_model / n_heads = {d_model // n_heads} must be even for the rotary "

@@ -22,6 +22,19 @@ class LMConfig:
     init_std: float = 0.02
     mixer_kwargs: dict = field(default_factory=dict)
 
+    def __post_init__(self):
+        for name in ("vocab_size", "d_model", "n_layers", "n_heads", "mlp_multiple_of"):
+            x = getattr(self, name)
+            if isinstance(x, bool) or not isinstance(x, int) or x < 1:
+                raise ValueError(f"LMConfig: {name} must be a positive int, got {x!r}")
+        for name in ("mlp_ratio", "norm_eps", "init_std"):
+            x = getattr(self, name)
+            if isinstance(x, bool) or not isinstance(x, (int, float)) or not 0 < x < float("inf"):
+                raise ValueError(f"LMConfig: {name} must be a finite number > 0, got {x!r}")
+        cap = self.logit_softcap
+        if cap is not None and (isinstance(cap, bool) or not isinstance(cap, (int, float)) or not 0 < cap < float("inf")):
+            raise ValueError(f"LMConfig: logit_softcap must be None (no cap) or a finite number > 0, got {cap!r}")
+
     @property
     def mlp_hidden(self):
         m = self.mlp_multiple_of

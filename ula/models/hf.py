@@ -12,7 +12,6 @@ recurrent step per token. forward takes the cache as `cache=` (transformers >= 5
 zeros) is not supported."""
 import dataclasses
 
-import torch
 import torch.nn.functional as F
 from transformers import AutoConfig, AutoModelForCausalLM, GenerationMixin, PretrainedConfig, PreTrainedModel
 from transformers.modeling_outputs import CausalLMOutputWithPast

@@ -14,6 +14,7 @@ One step, embedding -> every layer's step -> logits, then neither synchronizes w
 what outlives it, so `generate(..., cuda_graph=True)` (the default on CUDA) captures it once in a CUDA graph
 (`ula.models.cuda_graph`) and replays it per token: eager decoding at batch 1 is bound by kernel launches."""
 import json
+import math
 import os
 import warnings
 
@@ -129,17 +130,21 @@ def _round_up(n, m):
     return -(-n // m) * m
 
 
-def _check_top_k(top_k):
+def _check_sampling(temperature, top_k, top_p):
+    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or not 0 <= temperature < math.inf:
+        raise ValueError(f"temperature must be a finite number >= 0 (0: greedy); got {temperature!r}")
     if top_k is not None and top_k < 0:
         raise ValueError(f"top_k must be >= 1, or 0 / None for no top-k cut; got {top_k}")
+    if top_p is not None and not 0 < top_p <= 1:
+        raise ValueError(f"top_p must be in (0, 1], or None for no nucleus cut; got {top_p!r}")
 
 
 def sample_next(logits, temperature=1.0, top_k=None, top_p=None, greedy=False, generator=None):
     """Next tokens [B] from logits [B, V]: argmax if greedy (or temperature 0), else a draw from
     softmax(logits / temperature) restricted to the top_k tokens and to the smallest set whose
     probability reaches top_p (nucleus). top_k None or 0: no top-k cut (as `ula generate --top-k 0`);
-    a negative top_k raises ValueError."""
-    _check_top_k(top_k)
+    a negative top_k, a negative temperature or a top_p outside (0, 1] raises ValueError."""
+    _check_sampling(temperature, top_k, top_p)
     if greedy or temperature == 0:
         return logits.argmax(-1)
     logits = logits.float() / temperature
@@ -275,7 +280,10 @@ class CausalLM(nn.Module):
         one). Where CUDA graphs cannot be used (no CUDA device, or the capture fails), a warning says why
         and decoding goes on eagerly. temperature, top_k, top_p, greedy, generator: as in `sample_next`
         (top_k None or 0: no top-k cut)."""
-        _check_top_k(top_k)   # before the prefill, not after it
+        _check_sampling(temperature, top_k, top_p)   # before the prefill, not after it
+        if input_ids.dim() != 2 or input_ids.shape[1] < 1:
+            raise ValueError(f"generate: input_ids must be [B, T] with a prompt of T >= 1 tokens, "
+                             f"got shape {tuple(input_ids.shape)}")
         logits, cache = self(input_ids)
         last = logits[:, -1]
         out = [input_ids]

@@ -5,9 +5,11 @@ family-specific arguments (gates, coefficients, state tuples) and the one-token 
 never reach the core's checks. Shape, dtype and device checks read metadata only (every tensor must be on the
 device of q); value checks (a log gate must be finite and <= 0) follow the core's policy
 (ula.core.checks.check_values)."""
+import math
+
 import torch
 
-from ..core.checks import check_device, check_linear_attention, check_values
+from ..core.checks import check_device, check_linear_attention, check_scale, check_values, short_repr
 
 
 def _desc(x):
@@ -59,8 +61,19 @@ def check_state_tuple(op, state, parts, *, device, finite=()):
         check_float(op, f"state[{j}] ({n})", x, shape, what, device=device, finite=n in finite)
 
 
-def check_step_qkv(op, q, k, v, *, k_name="k"):
-    """One-token inputs: q, k [B, H, K], v [B, H, V], floating, same dtype."""
+def check_number(op, name, x, *, positive=False, nonneg=False, what=""):
+    """x: a finite real Python number (> 0 where positive, >= 0 where nonneg); what: its meaning, for the message."""
+    bound = " > 0" if positive else " >= 0" if nonneg else ""
+    need = f"{op}: {name} must be a finite number{bound}{what}, got {short_repr(x)}"
+    if isinstance(x, bool) or not isinstance(x, (int, float)):
+        raise TypeError(need)
+    if not math.isfinite(x) or (positive and x <= 0) or (nonneg and x < 0):
+        raise ValueError(need)
+
+
+def check_step_qkv(op, q, k, v, *, k_name="k", scale=None):
+    """One-token inputs: q, k [B, H, K], v [B, H, V], floating, same dtype; scale None or a finite number."""
+    check_scale(scale, op)
     for name, x in (("q", q), (k_name, k), ("v", v)):
         if not isinstance(x, torch.Tensor):
             raise TypeError(f"{op}: {name} must be a torch.Tensor, got {type(x).__name__}")

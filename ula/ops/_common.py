@@ -23,7 +23,7 @@ def recurrent_step(q, k, v, ld=None, rd=None, state=None, scale=None):
     q, k [B, H, K]; v [B, H, V]; ld None / [H] / [B, H] / [B, H, K]; rd None / [B, H, V];
     state [B, H, K, V] or None (zeros). Returns (o [B, H, V] with the dtype of v, new state)."""
     op = "recurrent_step"
-    check_step_qkv(op, q, k, v)
+    check_step_qkv(op, q, k, v, scale=scale)
     B, H, K = q.shape
     if ld is not None:
         shapes = {1: ((H,), "[H]"), 2: ((B, H), "[B, H]"), 3: ((B, H, K), "[B, H, K]")}

@@ -27,13 +27,13 @@ def linear_attn(q, k, v, *, scale=None, initial_state=None, output_final_state=F
                             chunk_size=chunk_size, backend=backend)
 
 
-def retnet_log_decay(H, device=None):
-    """RetNet's fixed per-head decays γ_h = 1 − 2^(−5−h), as log decays [H] (float32)."""
+def retnet_log_decay(H, device=None, dtype=torch.float32):
+    """RetNet's fixed per-head decays γ_h = 1 − 2^(−5−h), as log decays [H] (float32, or the dtype given)."""
     if isinstance(H, bool) or not isinstance(H, int) or H < 1:
         raise ValueError(f"retnet_log_decay: H (number of heads) must be an int >= 1, got {H!r}")
     # made on the device: a tensor from host values is a copy that waits for the GPU's queue
     h = torch.arange(H, dtype=torch.float64, device=device)
-    return torch.log1p(-torch.exp2(-5 - h)).to(torch.float32)
+    return torch.log1p(-torch.exp2(-5 - h)).to(dtype)
 
 
 def retention(q, k, v, ld=None, *, scale=None, initial_state=None, output_final_state=False, cu_seqlens=None,
@@ -45,7 +45,7 @@ def retention(q, k, v, ld=None, *, scale=None, initial_state=None, output_final_
         check_float("retention", "ld", ld, (q.shape[2],), "[H] (log decay per head)", device=q.device,
                     log_gate=True)
     if ld is None:
-        ld = retnet_log_decay(q.shape[2], q.device)
+        ld = retnet_log_decay(q.shape[2], q.device, decay_dtype(q))
     return linear_attention(q, k, v, ld.to(decay_dtype(q)), scale=scale, initial_state=initial_state,
                             output_final_state=output_final_state, cu_seqlens=cu_seqlens,
                             chunk_size=chunk_size, backend=backend)
@@ -90,24 +90,24 @@ def hgrn2(q, v, g, *, scale=1.0, initial_state=None, output_final_state=False, c
 
 def linear_attn_step(q, k, v, state=None, *, scale=None):
     """One decoding step of `linear_attn`: q, k [B, H, K], v [B, H, V]."""
-    check_step_qkv("linear_attn_step", q, k, v)
+    check_step_qkv("linear_attn_step", q, k, v, scale=scale)
     check_step_state("linear_attn_step", state, q.shape + v.shape[-1:], device=q.device)
     return _step(q, k, v, None, None, state, scale)
 
 
 def retention_step(q, k, v, ld=None, state=None, *, scale=None):
     """One decoding step of `retention` (ld [H], None for RetNet's decays)."""
-    check_step_qkv("retention_step", q, k, v)
+    check_step_qkv("retention_step", q, k, v, scale=scale)
     check_step_state("retention_step", state, q.shape + v.shape[-1:], device=q.device)
     if ld is None:
-        ld = retnet_log_decay(q.shape[1], q.device)
+        ld = retnet_log_decay(q.shape[1], q.device, decay_dtype(q))
     check_float("retention_step", "ld", ld, (q.shape[1],), "[H] (log decay per head)", device=q.device)
     return _step(q, k, v, ld, None, state, scale)
 
 
 def mamba2_step(q, k, v, dt, A, state=None, *, scale=1.0):
     """One decoding step of `mamba2`: q = C, k = B [B, H, N], v = x [B, H, P], dt [B, H], A [H]."""
-    check_step_qkv("mamba2_step", q, k, v)
+    check_step_qkv("mamba2_step", q, k, v, scale=scale)
     check_step_state("mamba2_step", state, q.shape + v.shape[-1:], "[B, H, N, P]", device=q.device)
     check_float("mamba2_step", "dt", dt, q.shape[:2], "[B, H] (step sizes, after softplus)", device=q.device)
     check_float("mamba2_step", "A", A, q.shape[1:2], "[H] (A <= 0)", device=q.device)
@@ -117,7 +117,7 @@ def mamba2_step(q, k, v, dt, A, state=None, *, scale=1.0):
 
 def hgrn2_step(q, v, g, state=None, *, scale=1.0):
     """One decoding step of `hgrn2`: q, g [B, H, K], v [B, H, V]."""
-    check_step_qkv("hgrn2_step", q, q, v)
+    check_step_qkv("hgrn2_step", q, q, v, scale=scale)
     check_step_state("hgrn2_step", state, q.shape + v.shape[-1:], device=q.device)
     check_float("hgrn2_step", "g", g, q.shape, "[B, H, K] (log forget gate, the shape of q)", device=q.device)
     return _step(q, (-torch.expm1(g.to(decay_dtype(q)))).to(q.dtype), v, g, None, state, scale)

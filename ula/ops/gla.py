@@ -32,7 +32,7 @@ def gla(q, k, v, g, *, scale=None, initial_state=None, output_final_state=False,
 def gla_step(q, k, v, g, state=None, *, scale=None):
     """One decoding step: q, k, g [B, H, K], v [B, H, V], state [B, H, K, V] or None.
     Returns (o [B, H, V], new state)."""
-    check_step_qkv("gla_step", q, k, v)
+    check_step_qkv("gla_step", q, k, v, scale=scale)
     check_float("gla_step", "g", g, q.shape, "[B, H, K] (log forget gate, the shape of q)", device=q.device)
     check_step_state("gla_step", state, q.shape + v.shape[-1:], device=q.device)
     return _step(q, k, v, g, None, state, scale)

@@ -40,8 +40,8 @@ def _check_gsa(op, q, v, s, g, state, N, dim, step, n_state=2, s_name="s"):
         raise ValueError(f"{op}: {name} must be {what} (m slots) with {what[1:-4]} = {lead} as in q, "
                          f"got shape {tuple(ref.shape)}")
     m = ref.shape[-1]
-    if s is not None:
-        check_float(op, s_name, s, lead + (m,), what + " (m slots)", device=q.device)
+    if s is not None:  # ABC's logits finite: a -inf at a sequence's first step has no softmax (0 / 0)
+        check_float(op, s_name, s, lead + (m,), what + " (m slots)", device=q.device, finite=s_name == "w" and not step)
     if g is not None:
         check_float(op, "g", g, lead + (m,), what + " (log forget gate, m slots)" +
                     (", the shape of s" if s is not None else ""), device=q.device, log_gate=not step)
@@ -163,7 +163,7 @@ def _core_call(q, k, v, ld, rd, h0, scale, kw):
 def gsa_step(q, k, v, s=None, g=None, state=None, *, scale=None):
     """One decoding step: q, k [B, H, K], v [B, H, V], s, g [B, H, m]; state (K̃ᵀ, Ṽ) or None.
     Returns (o [B, H, V], new state)."""
-    check_step_qkv("gsa_step", q, k, v)
+    check_step_qkv("gsa_step", q, k, v, scale=scale)
     _check_gsa("gsa_step", q, v, s, g, state, q.shape[0], "B", True)
     return _gsa_step(q, k, v, s, g, state, scale)
 
@@ -179,7 +179,7 @@ def _gsa_step(q, k, v, s, g, state, scale):
 
 def abc(q, k, v, w, *, scale=None, initial_state=None, output_final_state=False, cu_seqlens=None, chunk_size=None,
         backend="auto"):
-    """ABC with the paper's write strengths (Eq. 3-4): φ_t = exp(w_t) / Σ_{j<=t} exp(w_j) per slot, from slot
+    """ABC with the paper's write strengths (Eq. 3-4): φ_t = exp(w_t) / Σ_{j<=t} exp(w_j) per slot, from finite slot
     logits w [B, T, H, m], then `gsa(q, k, v, s=φ, g=None)`. The cumulative softmax restarts with each
     sequence; its running log-normalizer log Σ exp(w) [B, H, m] is a third state (None = nothing before).
     States (K̃ᵀ, Ṽ, log Σ exp w). Returns (o, final state tuple or None)."""
@@ -229,7 +229,7 @@ def _cumulative_softmax(w, z0, cu_seqlens, backend="auto"):
 
 def abc_step(q, k, v, w, state=None, *, scale=None):
     """One decoding step of `abc`: w [B, H, m] slot logits; state (K̃ᵀ, Ṽ, log Σ exp w) or None."""
-    check_step_qkv("abc_step", q, k, v)
+    check_step_qkv("abc_step", q, k, v, scale=scale)
     _check_gsa("abc_step", q, v, w, None, state, q.shape[0], "B", True, 3, "w")
     if state is None:
         h, z = None, w.float() if w.dtype != torch.float64 else w

@@ -49,7 +49,8 @@ from ..core.backends import runs_fused, runs_triton
 from ..core.cu_cache import host_values
 from ..core.ones import linear_attention_with_ones, with_ones_column
 from ..core.time_scan import scan_time
-from ._checks import check_float, check_sequence, check_state_tuple, check_step_qkv, num_sequences
+from ..core.checks import short_repr
+from ._checks import check_float, check_number, check_sequence, check_state_tuple, check_step_qkv, num_sequences
 from ._common import PackedTokens, _step, cumsum_per_sequence, decay_dtype, last_step, per_step, state_dtype
 
 VARIANTS = ("exp", "sig")
@@ -57,7 +58,7 @@ VARIANTS = ("exp", "sig")
 
 def _check_variant(op, variant):
     if not isinstance(variant, str) or variant not in VARIANTS:
-        raise ValueError(f"{op}: variant must be one of {VARIANTS}, got {variant!r}")
+        raise ValueError(f"{op}: variant must be one of {VARIANTS}, got {short_repr(variant)}")
 
 
 def _check_gates(op, shape, what, i, f, device, values):
@@ -79,6 +80,9 @@ def _check_state(op, variant, state, N, H, K, V, device, dim="B", values=False):
     else:
         check_state_tuple(op, state, [("C", (N, H, K, V), f"[{dim}, H, K, V]"), ("n", (N, H, K), f"[{dim}, H, K]"),
                                       ("m", (N, H), f"[{dim}, H]")], device=device, finite=("m",) if values else ())
+        if not state[1].dtype == state[2].dtype == state[0].dtype:
+            raise TypeError(f"{op}: the state's parts (C, n, m) must share one dtype, got "
+                            f"{', '.join(str(x.dtype) for x in state)}")
 
 
 def _straight_through_nonpositive(x):
@@ -161,6 +165,7 @@ def mlstm(q, k, v, i, f, variant="exp", *, eps=1e-6, scale=None, initial_state=N
     States: "sig" C [B, H, K, V]; "exp" a tuple (C [B, H, K, V], n [B, H, K], m [B, H]), float32
     ([N, ...] with cu_seqlens). Returns (h [B, T, H, V], final state or None)."""
     _check_variant("mlstm", variant)
+    check_number("mlstm", "eps", eps, nonneg=True, what=" (0 is Eq. 4 exactly)")
     kw = dict(scale=scale, output_final_state=output_final_state, cu_seqlens=cu_seqlens, chunk_size=chunk_size,
               backend=backend)
     if cp_group is not None and variant == "exp":
@@ -301,7 +306,8 @@ def mlstm_step(q, k, v, i, f, state=None, variant="exp", *, eps=1e-6, scale=None
     """One decoding step: q, k [B, H, K], v [B, H, V], i, f [B, H]; state as returned by `mlstm`
     (or None for zeros). Returns (h [B, H, V], new state)."""
     _check_variant("mlstm_step", variant)
-    check_step_qkv("mlstm_step", q, k, v)
+    check_number("mlstm_step", "eps", eps, nonneg=True, what=" (0 is Eq. 4 exactly)")
+    check_step_qkv("mlstm_step", q, k, v, scale=scale)
     # no value checks in a decoding step, as in the other *_step functions
     _check_gates("mlstm_step", q.shape[:2], "[B, H]", i, f, q.device, False)
     _check_state("mlstm_step", variant, state, *q.shape, v.shape[-1], q.device)

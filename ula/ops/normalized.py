@@ -31,19 +31,24 @@ import torch.nn.functional as F
 
 from ..core.api import one_sequence_as_batch
 from ..core.backends import chunk_fn, runs_triton
-from ..core.checks import check_device, check_linear_attention
+from ..core.checks import check_device, check_flag, check_linear_attention
 from ..core.ones import fast_path, linear_attention_with_ones, with_ones_column
 from ..core.time_scan import scan_time
-from ._checks import check_sequence, check_step_qkv, check_step_state, num_sequences
+from ._checks import check_number, check_sequence, check_step_qkv, check_step_state, num_sequences
 from ._common import PackedTokens, _step, cumsum_per_sequence, decay_dtype, last_step, per_step
 
 
-def _check_coefs(op, a, b, q):
+def _check_coefs(op, a, b, q, qk_l2_norm, eps):
     """Tensors a, b on the device of q, like every other argument; a 0-d CPU tensor is the exception (moved to q's
-    device, as torch takes CPU scalars beside tensors of any device)."""
+    device, as torch takes CPU scalars beside tensors of any device). Numbers a, b finite; eps a number > 0 (the
+    least magnitude of the denominator); qk_l2_norm a bool."""
     for name, x in (("a", a), ("b", b)):
         if isinstance(x, torch.Tensor) and not (x.dim() == 0 and x.device.type == "cpu"):
             check_device(name, x, q.device, op)
+        elif isinstance(x, (int, float)) and not isinstance(x, bool):
+            check_number(op, name, x)
+    check_flag(op, "qk_l2_norm", qk_l2_norm)
+    check_number(op, "eps", eps, positive=True, what=" (the least magnitude of the denominator)")
 
 
 def _coef(name, x, like):
@@ -151,7 +156,7 @@ def normalized_linear_attention(q, k, v, a=1.0, b=1.0, *, qk_l2_norm=True, eps=1
     output's rounding amplified: 1e-2 to 1e-1 of its largest element against float64 at T=29, H=2 (db 3e-3 to
     1.4e-2)."""
     check_sequence(q, k, v, cu_seqlens, chunk_size, backend)
-    _check_coefs("normalized_linear_attention", a, b, q)
+    _check_coefs("normalized_linear_attention", a, b, q, qk_l2_norm, eps)
     if initial_state is not None:
         N, _, H, K = (num_sequences(q, cu_seqlens),) + tuple(q.shape[1:])
         check_step_state("normalized_linear_attention", initial_state, (N, H, K + 1, v.shape[-1] + 1),
@@ -224,7 +229,7 @@ def normalized_linear_attention_step(q, k, v, a=1.0, b=1.0, state=None, *, qk_l2
     `normalized_linear_attention`. Returns (o [B, H, V], new state)."""
     op = "normalized_linear_attention_step"
     check_step_qkv(op, q, k, v)
-    _check_coefs(op, a, b, q)
+    _check_coefs(op, a, b, q, qk_l2_norm, eps)
     check_step_state(op, state, q.shape[:2] + (q.shape[2] + 1, v.shape[-1] + 1), "[B, H, K + 1, V + 1]",
                      device=q.device)
     qa, ka, va = _augment(q, k, v, a, b, qk_l2_norm)

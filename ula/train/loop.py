@@ -238,7 +238,8 @@ def train(given, out_dir=None, resume=None, device="auto", quiet=False):
     el = time.perf_counter() - t0
     metrics = dict(args=a, model=cfg.to_dict(), parameters=model.num_parameters(), device=str(dev), world_size=d.world,
                    corpus=name, train_bytes=len(tr), val_bytes=len(val), steps_done=step, resumed_from=ck,
-                   seconds=el, tokens_per_second=seen / max(el, 1e-9), final_val_loss=history["val"][-1][1],
+                   seconds=el, tokens_per_second=seen / max(el, 1e-9) if seen else None,
+                   final_val_loss=history["val"][-1][1],
                    final_val_bpb=history["val"][-1][2], history=history)
     if d.main:
         with atomic_path(os.path.join(out_dir, "metrics.json"), "the metrics") as tmp, open(tmp, "w") as f:
@@ -247,7 +248,9 @@ def train(given, out_dir=None, resume=None, device="auto", quiet=False):
         with atomic_path(os.path.join(out_dir, "loss.png"), "the loss curve") as tmp:
             plot_loss(history, tmp, title=f"{cfg.mixer}, d={cfg.d_model}, {name}")
         if not quiet:
-            print(f"done: {step} steps in {el:.0f} s ({metrics['tokens_per_second']:,.0f} tokens/s); validation "
-                  f"{metrics['final_val_bpb']:.4f} bits/byte; wrote {out_dir}/metrics.json, loss.png, checkpoints/")
+            speed = (f"{step - start} steps in {el:.0f} s ({metrics['tokens_per_second']:,.0f} tokens/s)" if seen
+                     else f"no step to train: the run was already at step {start} (raise --steps to go on)")
+            print(f"done at step {step}: {speed}; validation {metrics['final_val_bpb']:.4f} bits/byte; "
+                  f"wrote {out_dir}/metrics.json, loss.png, checkpoints/")
     d.close()
     return metrics

@@ -5,7 +5,6 @@
 In PyTorch this is five or six kernels per layer and token (decay, outer product, add, product, sum), each
 reading or writing the whole state; here each program owns a K x BV slab of the state: it reads it once, writes
 it once, and its part of o."""
-import torch
 import triton
 import triton.language as tl
 
