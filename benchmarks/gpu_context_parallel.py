@@ -9,7 +9,9 @@
 2. T = 1048576 on 2 GPUs, forward + backward (time, peak memory, finite gradients), and the output on a
    window across the rank boundary checked against the float64 reference run on that window from the state
    that enters it (computed by a single-GPU no-grad forward over the prefix).
-3. --grad-T N: at T = N, every rank's output and gradients against one GPU's on the same bf16 inputs.
+3. --grad-T N: at T = N, every rank's output and gradients against one GPU's on the same bf16 inputs, for the
+   --kinds and the --families (gla, mlstm_sig, mlstm_exp: the ops' context-parallel paths, mLSTM's input gate
+   the kernels' key gate on each rank's local pass).
 Writes $OUT/gpu_context_parallel.json (rank 0); every section records its error instead of stopping.
 """
 import argparse
@@ -39,14 +41,24 @@ def make(kind, B, T, device, seed):
     q = torch.randn(B, T, H, K, device=device, generator=g, dtype=torch.bfloat16)
     k = torch.randn(B, T, H, K, device=device, generator=g, dtype=torch.bfloat16) * K ** -0.5
     v = torch.randn(B, T, H, V, device=device, generator=g, dtype=torch.bfloat16)
-    shape = {"none": None, "constant": (H,), "scalar": (B, T, H), "vector": (B, T, H, K)}[kind]
+    if kind.startswith("mlstm"):  # (i, f) gate pre-activations in the ld slot
+        return q, k, v, (torch.randn(B, T, H, device=device, generator=g) * 2,
+                         torch.randn(B, T, H, device=device, generator=g) + 3.0)
+    shape = {"none": None, "constant": (H,), "scalar": (B, T, H), "vector": (B, T, H, K), "gla": (B, T, H, K)}[kind]
     ld = None if shape is None else F.logsigmoid(torch.randn(shape, device=device, generator=g) + 4.0)
     return q, k, v, ld
 
 
-def fwd_bwd(q, k, v, ld, group):
-    xs = [x.detach().requires_grad_() for x in (q, k, v)] + [None if ld is None else ld.detach().requires_grad_()]
-    o, _ = ula.linear_attention(*xs, cp_group=group)
+def fwd_bwd(q, k, v, ld, group, kind="core"):
+    gates = ld if isinstance(ld, tuple) else (ld,)
+    xs = [x.detach().requires_grad_() for x in (q, k, v)] + [None if x is None else x.detach().requires_grad_()
+                                                           for x in gates]
+    if kind.startswith("mlstm"):
+        o, _ = ula.mlstm(*xs, variant=kind[6:], cp_group=group)
+    elif kind == "gla":
+        o, _ = ula.gla(*xs, cp_group=group)
+    else:
+        o, _ = ula.linear_attention(*xs, cp_group=group)
     o.backward(torch.ones_like(o))
     return o, xs
 
@@ -82,6 +94,7 @@ def main():
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--T", type=int, default=262144)
     ap.add_argument("--T_long", type=int, default=1048576, help="the long run's T (0: skip it)")
+    ap.add_argument("--families", default="", help="ops for the --grad-T check too (gla,mlstm_sig,mlstm_exp)")
     ap.add_argument("--grad-T", type=int, default=0,
                     help="also compare every rank's output and gradients with one GPU's at this T (0: skip it)")
     args = ap.parse_args()
@@ -93,7 +106,7 @@ def main():
     world = dist.group.WORLD
     res = {"world_size": R, "device": torch.cuda.get_device_name(dev), "torch": torch.__version__,
            "triton": triton.__version__, "shape": {"B": 1, "H": H, "K": K, "V": V, "dtype": "bfloat16"}, "runs": {}}
-    for kind in args.kinds.split(","):
+    for kind in [x for x in args.kinds.split(",") if x]:
         T = args.T
         # 1 GPU: rank 0 alone on the whole sequence
         if rank == 0:
@@ -133,7 +146,7 @@ def main():
             section(res["runs"], f"{kind}/{R}gpu/T={args.T_long}", cp(args.T_long))
             dist.barrier()
     if args.grad_T > 0:
-        for kind in args.kinds.split(","):
+        for kind in [x for x in args.kinds.split(",") + args.families.split(",") if x]:
             section(res["runs"], f"{kind}/{R}gpu/grads/T={args.grad_T}",
                     lambda: check_grads(kind, args.grad_T, dev, rank, R, world))
             dist.barrier()
@@ -151,21 +164,22 @@ def check_grads(kind, T, dev, rank, R, world):
     """This rank's slice of o and of every gradient from the CP call against the same rows of one GPU's call on
     the whole sequence (the same bfloat16 inputs on every rank), relative errors in float32; every rank."""
     q, k, v, ld = make(kind, 1, T, dev, 0)
-    o1, xs1 = fwd_bwd(q, k, v, ld, None)
+    o1, xs1 = fwd_bwd(q, k, v, ld, None, kind)
     n = T // R
     s, e = rank * n, (rank + 1) * n if rank < R - 1 else T
-    cut = (lambda x: x[:, s:e].clone())
-    ldc = ld[:, s:e].clone() if ld is not None and ld.dim() > 1 else ld
-    oc, xsc = fwd_bwd(cut(q), cut(k), cut(v), ldc, world)
+    cut = (lambda x: x[:, s:e].clone() if x is not None and x.dim() > 1 else x)
+    ldc = tuple(map(cut, ld)) if isinstance(ld, tuple) else cut(ld)
+    oc, xsc = fwd_bwd(cut(q), cut(k), cut(v), ldc, world, kind)
     errs = {}
-    for name, a, b in [("o", oc, o1)] + [("d" + nm, x.grad, y.grad) for nm, x, y in zip("qkvg", xsc, xs1)
+    names = ("q", "k", "v", "i", "f") if kind.startswith("mlstm") else "qkvg"
+    for name, a, b in [("o", oc, o1)] + [("d" + nm, x.grad, y.grad) for nm, x, y in zip(names, xsc, xs1)
                                          if x is not None]:
         b = b[:, s:e] if b.dim() > 1 else b
         errs[name] = ((a.float() - b.float()).norm() / b.float().norm().clamp_min(1e-30)).item()
     per_rank = [None] * R
     dist.all_gather_object(per_rank, errs)
     return {"T": T, "rel_err_vs_one_gpu_per_rank": per_rank,
-            "ok": all(v < (4e-2 if name == "dg" else 2e-2) for r in per_rank for name, v in r.items())}
+            "ok": all(v < (4e-2 if name in ("dg", "di", "df") else 2e-2) for r in per_rank for name, v in r.items())}
 
 
 def check_long(kind, T, q, k, v, ld, s, dev, rank, R, W=256):

@@ -3,6 +3,7 @@ holding a contiguous (unequal) slice of T; outputs, final states and all gradien
 `ula.linear_attention` (and gla, mlstm sig / exp) on the whole sequence: float32 ranks within 1e-5 (relative) of
 one float64 process, or within 10x what one float32 process misses it by where a sum cancels.
 Many cases run inside one spawned group (spawning is the slow part)."""
+import datetime
 import json
 import os
 import socket
@@ -61,6 +62,9 @@ def _cases(R):
     cases.append(dict(op="gla", varlen=[0, 5, 40, 61], B=1, T=61, h0=True, final=True))
     cases.append(dict(op="mlstm_sig", varlen=False, B=2, T=61, h0=True, final=True))
     cases.append(dict(op="mlstm_sig", varlen=[0, 20, 61], B=1, T=61, h0=True, final=True))
+    # the input gate as the kernels' own key gate on every rank's local pass (Triton, interpreted)
+    cases.append(dict(op="mlstm_sig", varlen=False, B=1, T=61, h0=True, final=True, backend="triton"))
+    cases.append(dict(op="mlstm_exp", varlen=False, B=1, T=61, h0=True, final=True, backend="triton"))
     # mLSTMexp: the max state m crosses the ranks too; its initial state is the tuple (C, n, m)
     cu = {2: [0, 9, 20, 45, 61], 4: [0, 3, 7, 30, 50, 61]}[R]
     cases.append(dict(op="mlstm_exp", varlen=False, B=2, T=61, h0=True, final=True))
@@ -220,6 +224,79 @@ def _bad_inputs_raise_everywhere(rank, R, group):
     return all(ok)
 
 
+def _raises_everywhere(call, *words):
+    """call() raises ValueError or TypeError whose message holds every one of `words` (any, if none)."""
+    try:
+        call()
+    except (ValueError, TypeError) as e:
+        return all(w in str(e) for w in words)
+    return False
+
+
+def _mismatches_raise_everywhere(rank, R, group):
+    """Inputs that differ between ranks, or fail an op's own checks on one rank only, raise on every rank (the
+    others must not wait in a collective for it); names the case that failed."""
+    last = rank == R - 1
+    q = torch.randn(1, 8, 2, 8)
+    i = torch.randn(1, 8, 2)
+    # cu_seqlens whose weighted sums (the old digest) agree: [0, 1, 14, 20] and [0, 4, 12, 20]
+    x = torch.randn(1, 20 // R, 2, 8)
+    cu = torch.tensor([0, 4, 12, 20] if last else [0, 1, 14, 20])
+    bad_g = torch.randn(1, 8, 2, 7 if last else 8).clamp(max=0)
+    checks = {
+        "cu_seqlens differ": _raises_everywhere(lambda: ula.linear_attention(x, x, x, cu_seqlens=cu, cp_group=group),
+                                                "cu_seqlens"),
+        "dtypes differ": _raises_everywhere(lambda: ula.linear_attention(*(q.double() if last else q,) * 3,
+                                                                         cp_group=group), "dtypes"),
+        "mlstm exp dtypes differ": _raises_everywhere(lambda: ula.mlstm(*(q.double() if last else q,) * 3, i, i,
+                                                                        cp_group=group), "dtypes"),
+        "gla g on one rank": _raises_everywhere(lambda: ula.gla(q, q, q, bad_g, cp_group=group),
+                                                *(("g",) if last else ("rank(s) [", str(R - 1)))),
+        "mlstm sig i on one rank": _raises_everywhere(
+            lambda: ula.mlstm(q, q, q, i[..., :1] if last else i, i, variant="sig", cp_group=group)),
+        "mlstm eps on one rank": _raises_everywhere(
+            lambda: ula.mlstm(q, q, q, i, i, eps=-1.0 if last else 1e-6, cp_group=group)),
+        "key_gate on one rank": _raises_everywhere(
+            lambda: ula.linear_attention(q, q, q, key_gate=i[..., :1] if last else i, cp_group=group)),
+    }
+    # an initial state that requires grad on the first rank only: the message says where it must go
+    h0 = torch.randn(1, 2, 8, 8, requires_grad=True) if rank == 0 else None
+    checks["initial_state requiring grad on one rank"] = _raises_everywhere(
+        lambda: ula.linear_attention(q, q, q, initial_state=h0, cp_group=group), "initial_state", "every rank")
+    return [name for name, ok in checks.items() if not ok]
+
+
+def _state_edge_cases(rank, R, group, seed):
+    """float64 slices without an initial state return a float64 final state (equal to one process's); an initial
+    state that is the only input needing grad, passed on every rank, gets its gradient on the first rank (the
+    single-process one) and zeros elsewhere, every rank's backward completing. Returns the names of failed checks."""
+    torch.manual_seed(seed)
+    T, n = 6 * R, 6
+    s = slice(rank * n, (rank + 1) * n)
+    q, k, v = (torch.randn(1, T, 2, 8, dtype=torch.float64) for _ in range(3))
+    g = torch.nn.functional.logsigmoid(torch.randn(1, T, 2, dtype=torch.float64) + 2)
+    bad = []
+    _, S1 = ula.linear_attention(q, k, v, g, output_final_state=True)
+    _, S = ula.linear_attention(q[:, s], k[:, s], v[:, s], g[:, s], output_final_state=True, cp_group=group)
+    if S.dtype != torch.float64 or rel(S, S1) > 1e-12:
+        bad.append(f"float64 final state: {S.dtype}, {rel(S, S1):.1e}")
+    h0 = torch.randn(1, 2, 8, 8, dtype=torch.float64)
+    do = torch.randn(1, T, 2, 8, dtype=torch.float64)
+    one = h0.clone().requires_grad_()
+    o1, _ = ula.linear_attention(q, k, v, g, initial_state=one)
+    (o1 * do).sum().backward()
+    mine = h0.clone().requires_grad_()
+    o, _ = ula.linear_attention(q[:, s], k[:, s], v[:, s], g[:, s], initial_state=mine, cp_group=group)
+    if not o.requires_grad:
+        bad.append("initial_state alone needing grad: the output does not require grad")
+    else:
+        (o * do[:, s]).sum().backward()
+        want = one.grad if rank == 0 else torch.zeros_like(h0)
+        if mine.grad is None or rel(mine.grad, want) > 1e-12:
+            bad.append(f"initial_state gradient: {None if mine.grad is None else rel(mine.grad, want)}")
+    return bad
+
+
 def _bf16_close(rank, R, group, seed):
     """bfloat16 inputs (the correction runs as a bfloat16 matmul): the slice outputs within 1e-2 of one float32
     process on the same (bf16-rounded) inputs, scalar and vector decay."""
@@ -238,7 +315,8 @@ def _bf16_close(rank, R, group, seed):
 
 def _worker(rank, R, init, seed, out):
     patch_language_once_per_launch()
-    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=R)
+    # a collective that one rank never joins fails after the timeout instead of hanging the suite
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=R, timeout=datetime.timedelta(seconds=90))
     torch.set_num_threads(1)
     try:
         group = dist.group.WORLD
@@ -248,6 +326,9 @@ def _worker(rank, R, init, seed, out):
             results.append(dict(case=case, errs=errs))
         results.append(dict(case="bad inputs raise on every rank", ok=_bad_inputs_raise_everywhere(rank, R, group)))
         results.append(dict(case="bfloat16 slices close to float32", ok=_bf16_close(rank, R, group, seed)))
+        for name, failed in (("mismatches raise on every rank", _mismatches_raise_everywhere(rank, R, group)),
+                             ("state edge cases", _state_edge_cases(rank, R, group, seed))):
+            results.append(dict(case=f"{name}: {failed} (rank {rank})", ok=not failed))
         with open(f"{out}.{rank}", "w") as f:
             json.dump(results, f)
     finally:

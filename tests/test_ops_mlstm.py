@@ -69,6 +69,27 @@ def test_mlstm_exp_float64_signed_qk():
     check({n: e for n, e in errs.items() if n != "dh02"}, seed, tol=1e-9)
 
 
+def test_mlstm_exp_bfloat16_keeps_gated_keys_wide():
+    """bfloat16 on the PyTorch path, signed q, k (|nᵀq| can be small): the gated keys k·exp(ĩ − m) stay float32
+    (ula/core/autograd.py, gated_keys); rounded to bfloat16 they put h 9e-3 to 1.2e-1 and the gradients up to 0.45
+    from float64 (this test, seeds 0-11: every one failed), against ~3e-3 and at most ~1.5e-2 kept wide."""
+    seed = fresh_seed()
+    Bn, Tn = 2, 200
+    q, k, v = (torch.randn(Bn, Tn, H, K).bfloat16() for _ in range(3))
+    i, f = torch.randn(Bn, Tn, H) * 3, torch.randn(Bn, Tn, H) + 3
+    do = torch.randn(Bn, Tn, H, K).double()
+    out = {}
+    for dt in (torch.float64, torch.bfloat16):
+        xs = [x.to(dt if x.dim() == 4 else (torch.float64 if dt == torch.float64 else torch.float32))
+              .requires_grad_() for x in (q, k, v, i, f)]
+        h, _ = ula.mlstm(*xs, backend="torch")
+        (h.double() * do).sum().backward()
+        out[dt] = [h] + [x.grad for x in xs]
+    errs = {n: rel(a.double(), b) for n, a, b in zip(("h", "dq", "dk", "dv", "di", "df"), out[torch.bfloat16],
+                                                     out[torch.float64])}
+    assert errs["h"] < 1e-2 and max(errs.values()) < 5e-2, (seed, errs)
+
+
 @pytest.mark.parametrize("variant", ["exp", "sig"])
 def test_mlstm_extreme_gates(variant):
     """ĩ in [-60, 60], f̃ in [-30, 10]: finite, and equal to the reference at 1e-4, except the gradient of f̃,

@@ -6,7 +6,7 @@ from .autograd import gated_keys
 from .backends import chunk_fn, runs_triton
 from . import precision as _precision
 from . import time_split
-from .checks import check_flag, check_key_gate, check_linear_attention
+from .checks import check_flag, check_linear_attention
 from .op import run
 from .reference import reference_linear_attention
 
@@ -46,17 +46,15 @@ def linear_attention(q, k, v, ld=None, rd=None, *, scale=None, initial_state=Non
     precision: the matmul precision of the Triton kernels for half-precision inputs, "fast", "accurate" or parts
     (ula/core/precision.py); None takes the measured default (states_forward for a constant decay, else "fast").
     `ula.set_precision` overrides it for every call."""
-    if key_gate is not None and (cp_group is not None or backend == "reference"):
-        if cp_group is None:
-            check_linear_attention(q, k, v, ld, rd, scale, initial_state, cu_seqlens, chunk_size, backend, key_gate)
-        else:  # the rest is checked by the context-parallel path (cu_seqlens is global there)
-            check_key_gate(key_gate, q)
-        k, key_gate = gated_keys(k, key_gate), None
-    if cp_group is not None:
+    if cp_group is not None:  # checks there (cu_seqlens is global); the key gate goes to each rank's local pass
         from .context_parallel import cp_linear_attention
         return cp_linear_attention(q, k, v, ld, rd, cp_group=cp_group, scale=scale, initial_state=initial_state,
                                    output_final_state=output_final_state, cu_seqlens=cu_seqlens,
-                                   chunk_size=chunk_size, backend=backend, reverse=reverse, precision=precision)
+                                   chunk_size=chunk_size, backend=backend, reverse=reverse, precision=precision,
+                                   key_gate=key_gate)
+    if key_gate is not None and backend == "reference":  # the reference computes in float64: gated keys stay wide
+        check_linear_attention(q, k, v, ld, rd, scale, initial_state, cu_seqlens, chunk_size, backend, key_gate)
+        k, key_gate = gated_keys(k, key_gate, keep_wide=True), None
     check_linear_attention(q, k, v, ld, rd, scale, initial_state, cu_seqlens, chunk_size, backend, key_gate)
     check_flag("linear_attention", "output_final_state", output_final_state)
     check_flag("linear_attention", "reverse", reverse)

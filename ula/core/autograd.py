@@ -51,10 +51,19 @@ def native_key_gate(F, q, rd):
     return getattr(F, "fused_backward", None) is not None and rd is None and q.dtype != torch.float64
 
 
-def gated_keys(k, key_gate):
-    """exp(key_gate) k in the dtype of k (the key gate folded into k: the path of backends without it)."""
+def gated_keys(k, key_gate, keep_wide=False):
+    """exp(key_gate) k (the key gate folded into k: the path of backends without it), in the dtype of k, or in
+    float32 (float64 for float64 k) with keep_wide, for a backend that computes in float32 anyway: rounded to
+    bfloat16, mLSTMexp's gated keys moved its bf16 outputs 10x further from float64 (3.7e-2) where nᵀq is small."""
     wide = torch.promote_types(k.dtype, torch.float32)
-    return (k.to(wide) * key_gate.to(wide).exp().unsqueeze(-1)).to(k.dtype)
+    kg = k.to(wide) * key_gate.to(wide).exp().unsqueeze(-1)
+    return kg if keep_wide else kg.to(k.dtype)
+
+
+def computes_wide(F):
+    """Whether F computes in float32 (float64) whatever its inputs' dtype (the PyTorch path): its gated keys then
+    stay wide."""
+    return getattr(F, "computes_wide", False)
 
 
 def forward_pass(F, q, k, v, ld, rd, h0, scale, cu_seqlens, reverse, chunk_size, key_gate=None):
@@ -65,7 +74,7 @@ def forward_pass(F, q, k, v, ld, rd, h0, scale, cu_seqlens, reverse, chunk_size,
         if native_key_gate(F, q, rd):
             kw["key_gate"] = key_gate
         else:
-            k = gated_keys(k, key_gate)
+            k = gated_keys(k, key_gate, computes_wide(F))
     o, S, _ = F(q, k, v, canonical_left(_floored(F, q, ld), q.shape[1]), _floored(F, q, rd), scale=scale, initial_state=h0,
                 cu_seqlens=cu_seqlens, reverse=reverse, chunk_size=chunk_size,
                 out_dtype=None if rd is not None else v.dtype, state_dtype=half_states(k), **kw)  # k: GSA's
@@ -89,7 +98,7 @@ def backward_pass(F, q, k, v, ld, rd, h0, o, do, dS, scale, cu, rev, C, need_ld,
     if key_gate is None:
         return _backward_unfused(F, q, k, v, ld, rd, h0, o, do, dS, scale, cu, rev, C, need_ld, need_rd) + (None,)
     # the gate folded into k: k' = e^u k, dk = e^u dk', du = Σ_features k' ⊙ dk'
-    kg = gated_keys(k, key_gate)
+    kg = gated_keys(k, key_gate, computes_wide(F))
     dq, dkg, dv, dld, drd, dh0 = _backward_unfused(F, q, kg, v, ld, rd, h0, o, do, dS, scale, cu, rev, C, need_ld,
                                                    need_rd)
     wide = torch.promote_types(k.dtype, torch.float32)

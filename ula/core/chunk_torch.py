@@ -167,3 +167,4 @@ def chunk_recurrence(q, k, v, gl=None, gr=None, *, scale=1.0, initial_state=None
 # decay gradients are needed, and the dQ, dK passes in float64 when a constant decay needs its gradient.
 chunk_recurrence.decay_grad_chunk = 32
 chunk_recurrence.constant_decay_grad_dtype = torch.float64
+chunk_recurrence.computes_wide = True  # math in float32 whatever the inputs (gated keys stay wide: autograd.py)

@@ -56,6 +56,9 @@ from the rank where it ends). Gradient convention of torch.distributed.nn: the o
 the ranks' losses, so a loss on the replicated final state counts once per rank that puts it in its loss
 (put it on one rank only, or divide it by the group size).
 
+Key gate (mLSTM's input gate): passed to each rank's local pass (the kernels apply it as they read k); the entry
+term reads no k.
+
 Ops on top: gla and mlstm(variant="sig") pass cp_group through; mlstm(variant="exp") first scans its max
 state across the ranks (ula/ops/mlstm.py, `_mlstm_exp_cp`) with the pieces of this module (`agree`, `slice_plans`,
 `gather`, `tie`), then calls it.
@@ -63,9 +66,12 @@ state across the ranks (ula/ops/mlstm.py, `_mlstm_exp_cp`) with the pieces of th
 Every rank must take part in the backward (backprop through o or the final state): the backward runs
 one collective, on every rank. The inputs on all ranks must agree in B, H, K, V, dtype, decay kind,
 flags and cu_seqlens; this is checked with one small all-gather of metadata before any other collective,
-and a bad input on one rank raises on all ranks (no hang).
+and a bad input on one rank raises on all ranks (no hang). An op on top runs its own checks inside
+`raised_everywhere`, which joins that gather with the error, for the same reason.
 """
 import bisect
+import contextlib
+import hashlib
 
 import torch
 import torch.distributed as dist
@@ -77,6 +83,9 @@ from .cu_cache import host_values
 from .op import BackwardInitialState, backward_initial_state
 
 __all__ = ["cp_linear_attention"]
+
+REQUIRES_GRAD = ("requires grad (whether any input requires grad, initial_state included: an initial_state that "
+                 "requires grad goes to every rank)")
 
 
 class _AllGather(torch.autograd.Function):
@@ -170,15 +179,28 @@ def check_global_cu(cu_seqlens, B):
 
 
 def cu_hash(cu_seqlens):
-    """A number that differs between ranks that pass different global cu_seqlens (compared by `agree`)."""
+    """A number that differs between ranks that pass different global cu_seqlens (compared by `agree`): a 63-bit
+    digest of the offsets (a weighted sum collided: [0, 1, 14, 20] and [0, 4, 12, 20] gave the same one)."""
     if cu_seqlens is None:
         return -1
-    return sum((i + 1) * x for i, x in enumerate(host_values(cu_seqlens))) % (1 << 61)
+    data = ",".join(map(str, host_values(cu_seqlens))).encode()
+    return int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "little") >> 1
 
 
-def _local_checks(q, k, v, ld, rd, scale, initial_state, cu_seqlens, chunk_size, backend):
+_DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
+
+
+def dtype_code(*tensors):
+    """The dtypes of `tensors` (None allowed) as one int, compared across ranks by `agree`."""
+    code = 0
+    for x in tensors:
+        code = code * 8 + (0 if x is None else 1 + (_DTYPES.index(x.dtype) if x.dtype in _DTYPES else 6))
+    return code
+
+
+def _local_checks(q, k, v, ld, rd, scale, initial_state, cu_seqlens, chunk_size, backend, key_gate):
     """The input checks of linear_attention on the slice, with the global cu_seqlens / initial_state."""
-    check_linear_attention(q, k, v, ld, rd, scale, None, None, chunk_size, backend)
+    check_linear_attention(q, k, v, ld, rd, scale, None, None, chunk_size, backend, key_gate)
     B, T, H, K = q.shape
     V = v.shape[-1]
     N = check_global_cu(cu_seqlens, B)
@@ -198,9 +220,12 @@ def agree(group, err, same, own, device, who):
     bad input on one rank raises on every rank (no hang). err: this rank's check error or None (raised here after
     the gather). same: [(name, int)] that every rank must pass alike; own: [int] per-rank values (e.g. the slice
     length). The lists have the same length on every rank (zeros where err is set).
-    Returns the `own` lists of all ranks, in rank order."""
+    Returns the `own` lists of all ranks, in rank order. Every call gathers _META_LEN ints, whatever the lists'
+    lengths, so that a rank whose op failed its checks before reaching this call (`raised_everywhere`) can join
+    the gather of the ranks that did."""
     vals = [int(err is None)] + [int(x) for _, x in same] + [int(x) for x in own]
-    metas = _gather_ints(vals, group, device)
+    assert len(vals) <= _META_LEN, "agree: more metadata than _META_LEN"
+    metas = _gather_ints(vals + [0] * (_META_LEN - len(vals)), group, device)
     if err is not None:
         raise err
     bad = [j for j, m in enumerate(metas) if not m[0]]
@@ -211,6 +236,25 @@ def agree(group, err, same, own, device, who):
         if len(set(got)) != 1:
             raise ValueError(f"{who}: every rank of cp_group must pass the same {name}; got {got} (per rank)")
     return [m[1 + len(same):] for m in metas]
+
+
+_META_LEN = 24
+
+
+@contextlib.contextmanager
+def raised_everywhere(group, who):
+    """Around an op's own input checks before its context-parallel call: a check that fails on this rank is
+    raised here after joining the metadata gather (`agree`) that the other ranks of `group` enter, so that they
+    raise too instead of waiting for this rank forever. Without a usable group (None, size 1) a plain raise."""
+    try:
+        yield
+    except (TypeError, ValueError) as e:
+        if (group is None or not isinstance(group, dist.ProcessGroup) or not dist.is_initialized()
+                or dist.get_world_size(group) == 1):
+            raise
+        nccl = dist.get_backend(group) == "nccl"
+        device = torch.device("cuda", torch.cuda.current_device()) if nccl else torch.device("cpu")
+        agree(group, e, [], [], device, who)  # raises e
 
 
 _SIDE = {}  # per CUDA device: the stream of the metadata gather
@@ -304,7 +348,7 @@ def _plan(c, bounds, reverse):
 
 def cp_linear_attention(q, k, v, ld=None, rd=None, *, cp_group, scale=None, initial_state=None,
                         output_final_state=False, cu_seqlens=None, chunk_size=None, backend="auto", reverse=False,
-                        precision=None):
+                        precision=None, key_gate=None):
     """`linear_attention` on this rank's contiguous slice of the sequence, the slices of `cp_group`'s ranks
     (in rank order) making up the whole. Arguments as in `linear_attention`, per slice ([B, T_r, H, ...]),
     except `cu_seqlens` (global offsets, the same on every rank) and `initial_state` (see the module
@@ -317,25 +361,25 @@ def cp_linear_attention(q, k, v, ld=None, rd=None, *, cp_group, scale=None, init
     if R == 1:
         return linear_attention(q, k, v, ld, rd, precision=precision, scale=scale, initial_state=initial_state,
                                 output_final_state=output_final_state, cu_seqlens=cu_seqlens,
-                                chunk_size=chunk_size, backend=backend, reverse=reverse)
+                                chunk_size=chunk_size, backend=backend, reverse=reverse, key_gate=key_gate)
     # 0. checks, then one metadata all-gather so that a bad input anywhere raises everywhere (no hang)
     who = "cp_linear_attention"
     err = None
     try:
-        _local_checks(q, k, v, ld, rd, scale, initial_state, cu_seqlens, chunk_size, backend)
+        _local_checks(q, k, v, ld, rd, scale, initial_state, cu_seqlens, chunk_size, backend, key_gate)
     except (TypeError, ValueError) as e:
         err = e
-    names = ("B", "H", "K", "V", "ld kind", "rd given", "reverse", "output_final_state", "requires grad",
-             "number of sequences", "cu_seqlens")
+    names = ("B", "H", "K", "V", "dtypes of q, k, v, ld, rd, key_gate", "ld kind", "rd given", "reverse",
+             "output_final_state", REQUIRES_GRAD, "number of sequences", "cu_seqlens")
     vals, own = [0] * len(names), [0, 0]
     if err is None:
         B, T, H, K = q.shape
         V = v.shape[-1]
         c = list(host_values(cu_seqlens)) if cu_seqlens is not None else None
-        tensors = (q, k, v, ld, rd, initial_state)
+        tensors = (q, k, v, ld, rd, initial_state, key_gate)
         needs_grad = torch.is_grad_enabled() and any(x is not None and x.requires_grad for x in tensors)
-        vals = [B, H, K, V, _ld_code(ld), rd is not None, bool(reverse), bool(output_final_state), needs_grad,
-                -1 if c is None else len(c) - 1, cu_hash(cu_seqlens)]
+        vals = [B, H, K, V, dtype_code(q, k, v, ld, rd, key_gate), _ld_code(ld), rd is not None, bool(reverse),
+                bool(output_final_state), needs_grad, -1 if c is None else len(c) - 1, cu_hash(cu_seqlens)]
         own = [T, initial_state is not None]
         scale = K ** -0.5 if scale is None else float(scale)
     local_out = box = None
@@ -349,7 +393,8 @@ def cp_linear_attention(q, k, v, ld=None, rd=None, *, cp_group, scale=None, init
             with backward_initial_state(box):
                 local_out = linear_attention(q, k, v, ld, rd, precision=precision, scale=scale,
                                              initial_state=initial_state if first else None, output_final_state=True,
-                                             chunk_size=chunk_size, backend=backend, reverse=reverse)
+                                             chunk_size=chunk_size, backend=backend, reverse=reverse,
+                                             key_gate=key_gate)
         except (TypeError, ValueError, RuntimeError) as e:
             err = e
     metas = agree(cp_group, err, list(zip(names, vals)), own, q.device, who)
@@ -375,8 +420,8 @@ def cp_linear_attention(q, k, v, ld=None, rd=None, *, cp_group, scale=None, init
             h0_loc = torch.stack(rows)
         with backward_initial_state(box):
             local_out = linear_attention(q, k, v, ld, rd, precision=precision, scale=scale, initial_state=h0_loc,
-                                         output_final_state=True,
-                                         cu_seqlens=cu_loc, chunk_size=chunk_size, backend=backend, reverse=reverse)
+                                         output_final_state=True, cu_seqlens=cu_loc, chunk_size=chunk_size,
+                                         backend=backend, reverse=reverse, key_gate=key_gate)
     o, F_loc = local_out
     Bs = 1 if varlen else B  # batch of the state rows: one per piece with varlen, B without
     F_loc = F_loc.to(sdt).reshape(len(pieces), Bs, H, K, V)
@@ -398,6 +443,8 @@ def cp_linear_attention(q, k, v, ld=None, rd=None, *, cp_group, scale=None, init
     if rows.shape[0] < nrows:
         rows = torch.cat([rows, rows.new_zeros((nrows - rows.shape[0],) + tuple(rows.shape[1:]))])
     buf = torch.cat([rows.reshape(-1), L0.reshape(-1), R0.reshape(-1)])
+    if needs_grad and not buf.requires_grad:  # e.g. only initial_state requires grad, and it starts no piece here
+        buf = buf.detach().requires_grad_()  # every rank's backward must reach the collective
     G = gather(buf, cp_group, needs_grad)
     n_st = nrows * Bs * H * K * V
     G_rows = G[:, :n_st].view(R, nrows, Bs, H, K, V)
@@ -431,6 +478,8 @@ def cp_linear_attention(q, k, v, ld=None, rd=None, *, cp_group, scale=None, init
         o = piece if (a0, b0) == (0, T) else torch.cat([o[:, :a0], piece, o[:, b0:]], 1)
     if needs_grad:
         o = tie(o, G)
+        if initial_state is not None and initial_state.requires_grad and not any(me["starts"]):
+            o = tie(o, initial_state)  # unused here: a zero gradient, ready for the all-reduce over ranks
 
     if not ofs:
         return o, None
@@ -453,7 +502,7 @@ def cp_linear_attention(q, k, v, ld=None, rd=None, *, cp_group, scale=None, init
     if fix_rows:
         finals = finals.index_add(0, torch.tensor(fix_idx, device=dev), torch.stack(fix_rows))
     S = finals.reshape(N, H, K, V) if varlen else finals[0]
-    S = S.to(initial_state.dtype if initial_state is not None else torch.float32)
+    S = S.to(initial_state.dtype if initial_state is not None else sdt)
     return o, S
 
 

@@ -7,6 +7,7 @@ One call of the core with a vector left decay, at precision "accurate" by defaul
 every gradient are then at or below fla chunk_gla's error against float64, at 3.25 ms against "fast"'s 2.98 and fla's
 3.44 in the same run (H100, B2 T8192 H16 K=V=128: benchmarks/RESULTS.md "GPU, session 13")."""
 from ..core import linear_attention
+from ..core.context_parallel import raised_everywhere
 from ..core.precision import parse
 from ._checks import check_float, check_sequence, check_step_qkv, check_step_state
 from ._common import _step, decay_dtype
@@ -20,10 +21,11 @@ def gla(q, k, v, g, *, scale=None, initial_state=None, output_final_state=False,
     cp_group: context parallelism over a torch.distributed group (see ula/core/context_parallel.py).
     scale defaults to K ** -0.5. States [B, H, K, V] float32 ([N, H, K, V] with cu_seqlens).
     Returns (o [B, T, H, V], final state or None)."""
-    check_sequence(q, k, v, None if cp_group is not None else cu_seqlens, chunk_size, backend, scale)
-    check_float("gla", "g", g, q.shape, "[B, T, H, K] (log forget gate, the shape of q)", device=q.device,
-                log_gate=True)
-    parse(precision, "gla: precision")
+    with raised_everywhere(cp_group, "gla"):  # with cp_group: a check failing here raises on every rank
+        check_sequence(q, k, v, None if cp_group is not None else cu_seqlens, chunk_size, backend, scale)
+        check_float("gla", "g", g, q.shape, "[B, T, H, K] (log forget gate, the shape of q)", device=q.device,
+                    log_gate=True)
+        parse(precision, "gla: precision")
     return linear_attention(q, k, v, g.to(decay_dtype(q)), scale=scale, initial_state=initial_state,
                             output_final_state=output_final_state, cu_seqlens=cu_seqlens,
                             chunk_size=chunk_size, backend=backend, cp_group=cp_group, precision=precision)

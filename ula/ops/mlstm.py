@@ -47,6 +47,7 @@ from ..core import linear_attention
 from ..core.api import one_sequence_as_batch
 from ..core.backends import runs_fused, runs_triton
 from ..core.cu_cache import host_values
+from ..core.context_parallel import raised_everywhere
 from ..core.ones import linear_attention_with_ones, with_ones_column
 from ..core.time_scan import scan_time
 from ..core.checks import short_repr
@@ -164,13 +165,16 @@ def mlstm(q, k, v, i, f, variant="exp", *, eps=1e-6, scale=None, initial_state=N
     scale defaults to K ** -0.5 (the paper's q / sqrt(d_qk)); eps only matters for "exp".
     States: "sig" C [B, H, K, V]; "exp" a tuple (C [B, H, K, V], n [B, H, K], m [B, H]), float32
     ([N, ...] with cu_seqlens). Returns (h [B, T, H, V], final state or None)."""
-    _check_variant("mlstm", variant)
-    check_number("mlstm", "eps", eps, nonneg=True, what=" (0 is Eq. 4 exactly)")
+    with raised_everywhere(cp_group, "mlstm"):  # with cp_group: a check failing here raises on every rank
+        _check_variant("mlstm", variant)
+        check_number("mlstm", "eps", eps, nonneg=True, what=" (0 is Eq. 4 exactly)")
     kw = dict(scale=scale, output_final_state=output_final_state, cu_seqlens=cu_seqlens, chunk_size=chunk_size,
               backend=backend)
     if cp_group is not None and variant == "exp":
         return _mlstm_exp_cp(q, k, v, i, f, eps, initial_state, cp_group, kw)
-    _check_inputs(q, k, v, i, f, variant, initial_state, cu_seqlens, chunk_size, backend, scale, cp_group is not None)
+    with raised_everywhere(cp_group, "mlstm"):
+        _check_inputs(q, k, v, i, f, variant, initial_state, cu_seqlens, chunk_size, backend, scale,
+                      cp_group is not None)
     if cp_group is None:
         cu_seqlens = kw["cu_seqlens"] = one_sequence_as_batch(q, cu_seqlens)
     ddt = decay_dtype(q)
@@ -195,12 +199,11 @@ def _exp_run(q, k, v, ldp, logw, m, mT, initial_state, eps, kw, anchor=None):
     """mLSTMexp from its gates (`_exp_gates`): one core call (keys k·exp(i − m̂), decay ld', values [v, 1]),
     then the live max state put back and the normalizer divided out. anchor: tied to the keys (context
     parallelism: see `_mlstm_exp_cp`)."""
-    gate = None
+    # exp(ĩ − m̂) as a key gate, applied by the kernels as they read k
+    ks, gate = k, logw.to(decay_dtype(q))
     if anchor is not None:
         from ..core.context_parallel import tie
-        ks = tie(k * logw.exp().unsqueeze(-1).to(k.dtype), anchor)
-    else:  # exp(ĩ − m̂) as a key gate, applied by the kernels as they read k
-        ks, gate = k, logw.to(decay_dtype(q))
+        ks = tie(k, anchor)
     init = None
     if initial_state is not None:
         C0, n0, m0 = initial_state
@@ -255,14 +258,16 @@ def _mlstm_exp_cp(q, k, v, i, f, eps, initial_state, group, kw):
                       True)
     except (TypeError, ValueError) as e:
         err = e
-    names = ("B", "H", "K", "V", "output_final_state", "requires grad", "number of sequences", "cu_seqlens")
+    names = ("B", "H", "K", "V", "dtypes of q, k, v, i, f", "output_final_state", cp.REQUIRES_GRAD,
+             "number of sequences", "cu_seqlens")
     vals, own = [0] * len(names), [0, 0]
     if err is None:
         B, T, H, K = q.shape
         tensors = (q, k, v, i, f) + tuple(initial_state or ())
         needs_grad = torch.is_grad_enabled() and any(x.requires_grad for x in tensors)
         N = num_sequences(q, cu_seqlens)
-        vals = [B, H, K, v.shape[-1], bool(kw["output_final_state"]), needs_grad, N, cp.cu_hash(cu_seqlens)]
+        vals = [B, H, K, v.shape[-1], cp.dtype_code(q, k, v, i, f), bool(kw["output_final_state"]), needs_grad, N,
+                cp.cu_hash(cu_seqlens)]
         own = [T, initial_state is not None]
     metas = cp.agree(group, err, list(zip(names, vals)), own, q.device, who)
     c = list(host_values(cu_seqlens)) if cu_seqlens is not None else None

@@ -1,0 +1,19 @@
+#!/bin/bash
+# Session 39's GPU calls (run from the repository root with $OUT set), on 2 GPUs (nvidia-h200-x2):
+#     bash benchmarks/gpu_pending_session39.sh 1   # after the session's fixes (context parallelism: checks raised on
+#                                                  # every rank, key gate passed to each rank's local pass; gated keys
+#                                                  # kept float32 on the PyTorch path): the GPU suite and the smoke's
+#                                                  # repeat part
+#     bash benchmarks/gpu_pending_session39.sh 2   # GLA, mLSTMsig and mLSTMexp with context parallelism over NCCL:
+#                                                  # every rank's output and gradients against one GPU's, bf16
+# Writes $OUT/pending39.log and part 2's $OUT/gpu_context_parallel.json.
+NAME=pending39
+source "$(dirname "$0")/gpu_pending_common.sh"
+export PYTHONPATH=.${PYTHONPATH:+:$PYTHONPATH}
+case "$PART" in
+1) TMO=330 run ULA_TEST_GPU=1 python3 -m pytest -q -n 8 -p no:cacheprovider tests -rfE
+   TMO=90 run python3 benchmarks/gpu_smoke.py --parts repeat ;;
+2) TMO=400 run NCCL_NVLS_ENABLE=0 torchrun --standalone --nproc_per_node=2 benchmarks/gpu_context_parallel.py \
+       --kinds vector --families gla,mlstm_sig,mlstm_exp --grad-T 32768 --T 65536 --T_long 0 --reps 3 ;;
+esac
+tail -c 11000 "$LOG"
