@@ -42,6 +42,8 @@ def make(kind, B, T, device, seed):
     k = torch.randn(B, T, H, K, device=device, generator=g, dtype=torch.bfloat16) * K ** -0.5
     v = torch.randn(B, T, H, V, device=device, generator=g, dtype=torch.bfloat16)
     if kind.startswith("mlstm"):  # (i, f) gate pre-activations in the ld slot
+        if kind.endswith("_pos"):  # positive q, k: |nᵀq| away from 0, where mLSTMexp's h is well-conditioned
+            q, k = q.abs() + 0.1, k.abs() + 0.1 * K ** -0.5
         return q, k, v, (torch.randn(B, T, H, device=device, generator=g) * 2,
                          torch.randn(B, T, H, device=device, generator=g) + 3.0)
     shape = {"none": None, "constant": (H,), "scalar": (B, T, H), "vector": (B, T, H, K), "gla": (B, T, H, K)}[kind]
@@ -54,7 +56,7 @@ def fwd_bwd(q, k, v, ld, group, kind="core"):
     xs = [x.detach().requires_grad_() for x in (q, k, v)] + [None if x is None else x.detach().requires_grad_()
                                                            for x in gates]
     if kind.startswith("mlstm"):
-        o, _ = ula.mlstm(*xs, variant=kind[6:], cp_group=group)
+        o, _ = ula.mlstm(*xs, variant=kind.split("_")[1], cp_group=group)
     elif kind == "gla":
         o, _ = ula.gla(*xs, cp_group=group)
     else:
@@ -162,24 +164,36 @@ def main():
 
 def check_grads(kind, T, dev, rank, R, world):
     """This rank's slice of o and of every gradient from the CP call against the same rows of one GPU's call on
-    the whole sequence (the same bfloat16 inputs on every rank), relative errors in float32; every rank."""
+    the whole sequence (the same bfloat16 inputs on every rank), relative errors in float32; every rank. Also both
+    against one GPU's float32 call on the same inputs: where the bf16 result is ill-conditioned (mLSTMexp with
+    |nᵀq| near 0) two bf16 computations differ by more than either misses float32 by."""
     q, k, v, ld = make(kind, 1, T, dev, 0)
     o1, xs1 = fwd_bwd(q, k, v, ld, None, kind)
+    wide = (lambda x: x.float() if x is not None and x.dtype == torch.bfloat16 else x)
+    o32, xs32 = fwd_bwd(wide(q), wide(k), wide(v), ld, None, kind)
     n = T // R
     s, e = rank * n, (rank + 1) * n if rank < R - 1 else T
     cut = (lambda x: x[:, s:e].clone() if x is not None and x.dim() > 1 else x)
     ldc = tuple(map(cut, ld)) if isinstance(ld, tuple) else cut(ld)
     oc, xsc = fwd_bwd(cut(q), cut(k), cut(v), ldc, world, kind)
-    errs = {}
+    errs, vs32, one_vs32 = {}, {}, {}
     names = ("q", "k", "v", "i", "f") if kind.startswith("mlstm") else "qkvg"
-    for name, a, b in [("o", oc, o1)] + [("d" + nm, x.grad, y.grad) for nm, x, y in zip(names, xsc, xs1)
-                                         if x is not None]:
+
+    def rel(a, b):
         b = b[:, s:e] if b.dim() > 1 else b
-        errs[name] = ((a.float() - b.float()).norm() / b.float().norm().clamp_min(1e-30)).item()
+        return ((a.float() - b.float()).norm() / b.float().norm().clamp_min(1e-30)).item()
+    for name, a, b, b32 in [("o", oc, o1, o32)] + [("d" + nm, x.grad, y.grad, z.grad) for nm, x, y, z in
+                                                   zip(names, xsc, xs1, xs32) if x is not None]:
+        errs[name], vs32[name] = rel(a, b), rel(a, b32)
+        one_vs32[name] = rel(b[:, s:e] if b.dim() > 1 else b, b32)
     per_rank = [None] * R
-    dist.all_gather_object(per_rank, errs)
-    return {"T": T, "rel_err_vs_one_gpu_per_rank": per_rank,
-            "ok": all(v < (4e-2 if name in ("dg", "di", "df") else 2e-2) for r in per_rank for name, v in r.items())}
+    dist.all_gather_object(per_rank, (errs, vs32, one_vs32))
+    # bf16 on 2 GPUs as close to float32 as bf16 on one GPU (2x, or 2e-2 / 4e-2 for the gates' gradients)
+    ok = all(v32[n] < max(2 * v1[n], 4e-2 if n in ("dg", "di", "df") else 2e-2)
+             for _, v32, v1 in per_rank for n in v32)
+    return {"T": T, "rel_err_vs_one_gpu_per_rank": [r[0] for r in per_rank],
+            "rel_err_vs_one_gpu_float32_per_rank": [r[1] for r in per_rank],
+            "one_gpu_bf16_rel_err_vs_float32_per_rank_rows": [r[2] for r in per_rank], "ok": ok}
 
 
 def check_long(kind, T, q, k, v, ld, s, dev, rank, R, W=256):

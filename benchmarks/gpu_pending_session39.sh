@@ -14,6 +14,6 @@ case "$PART" in
 1) TMO=330 run ULA_TEST_GPU=1 python3 -m pytest -q -n 8 -p no:cacheprovider tests -rfE
    TMO=90 run python3 benchmarks/gpu_smoke.py --parts repeat ;;
 2) TMO=400 run NCCL_NVLS_ENABLE=0 torchrun --standalone --nproc_per_node=2 benchmarks/gpu_context_parallel.py \
-       --kinds vector --families gla,mlstm_sig,mlstm_exp --grad-T 32768 --T 65536 --T_long 0 --reps 3 ;;
+       --kinds "" --families mlstm_exp,mlstm_exp_pos,mlstm_sig,gla --grad-T 32768 --T_long 0 ;;
 esac
 tail -c 11000 "$LOG"
