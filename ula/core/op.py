@@ -102,6 +102,13 @@ class BackwardInitialState:
         self.value = None
 
 
+def padded_state(S, K, V):
+    """A state [..., K', V'] set from outside a call (a box's value) at the call's widths K >= K', V >= V': the
+    call's were padded for the Triton kernels (api._pad_to_16), the state's are the caller's. Zero rows, columns."""
+    pk, pv = K - S.shape[-2], V - S.shape[-1]
+    return torch.nn.functional.pad(S, (0, pv, 0, pk)) if pk or pv else S
+
+
 _NEXT_BOX = [None]  # set by `backward_initial_state` for the eager calls inside it
 
 
@@ -121,7 +128,7 @@ def _grads(ctx, do, dS, do_keep, bwd):
     box = getattr(ctx, "h0_box", None)
     h0_in = h0
     if box is not None and box.value is not None:
-        h0 = box.value
+        h0 = padded_state(box.value, q.shape[-1], v.shape[-1])
     need_ld = ld is not None and ctx.needs_input_grad[3]
     need_rd = rd is not None and ctx.needs_input_grad[4]
     if do_keep is not None and do_keep.numel():  # the kept float32 o was used (GSA's softmax): its gradient too

@@ -27,7 +27,7 @@ import torch
 from .autograd import canonical_left
 from .backends import runs_triton
 from . import op as _op
-from .op import BackwardInitialState, backward_initial_state, run
+from .op import BackwardInitialState, backward_initial_state, padded_state, run
 
 _FORCED = os.environ.get("ULA_TIME_SPLIT")
 # The shortest segment split off: on an H100 at B1 T8192 H16 (two segments of 4096) the decays lost up to 17%
@@ -133,7 +133,8 @@ class _EnteringRows(BackwardInitialState):
     def value(self):
         rows = self.rows
         if rows is not None and self.outer is not None and self.outer.value is not None:
-            rows = rows + self.decay_to * self.outer.value.to(rows.dtype).unsqueeze(1)
+            outer = padded_state(self.outer.value, *rows.shape[-2:])  # the slice's widths, maybe unpadded
+            rows = rows + self.decay_to * outer.to(rows.dtype).unsqueeze(1)
         return None if rows is None else rows.reshape(-1, *rows.shape[2:])
 
 
