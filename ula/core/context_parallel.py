@@ -61,7 +61,7 @@ term reads no k.
 
 Ops on top: gla and mlstm(variant="sig") pass cp_group through; mlstm(variant="exp") first scans its max
 state across the ranks (ula/ops/mlstm.py, `_mlstm_exp_cp`) with the pieces of this module (`agree`, `slice_plans`,
-`gather`, `tie`), then calls it.
+`gather`, `tie`), then calls it with `ones` (values [v, 1], the column implicit in the local pass's kernels).
 
 Every rank must take part in the backward (backprop through o or the final state): the backward runs
 one collective, on every rank. The inputs on all ranks must agree in B, H, K, V, dtype, decay kind,
@@ -78,8 +78,9 @@ import torch.distributed as dist
 
 from .api import linear_attention
 from .checks import check_linear_attention
-from .cp_entry import add_entry_term
+from .cp_entry import add_entry_term, entry_term
 from .cu_cache import host_values
+from .ones import linear_attention_with_ones
 from .op import BackwardInitialState, backward_initial_state
 
 __all__ = ["cp_linear_attention"]
@@ -198,11 +199,12 @@ def dtype_code(*tensors):
     return code
 
 
-def _local_checks(q, k, v, ld, rd, scale, initial_state, cu_seqlens, chunk_size, backend, key_gate):
-    """The input checks of linear_attention on the slice, with the global cu_seqlens / initial_state."""
+def _local_checks(q, k, v, ld, rd, scale, initial_state, cu_seqlens, chunk_size, backend, key_gate, ones):
+    """The input checks of linear_attention on the slice, with the global cu_seqlens / initial_state (with
+    `ones`: [S0 | n0], one column more)."""
     check_linear_attention(q, k, v, ld, rd, scale, None, None, chunk_size, backend, key_gate)
     B, T, H, K = q.shape
-    V = v.shape[-1]
+    V = v.shape[-1] + int(ones)
     N = check_global_cu(cu_seqlens, B)
     if initial_state is not None:
         if not isinstance(initial_state, torch.Tensor) or tuple(initial_state.shape) != (N, H, K, V):
@@ -285,12 +287,14 @@ def _gather_ints(vals, group, device):
     return back.view(R, -1).tolist()
 
 
-def _box(wanted, rd):
+def _box(wanted, rd, ones=False):
     """For the local pass of a rank that a state enters (eager runs): the core's backward then runs from that
     state (op.BackwardInitialState) and forms every gradient but the state's own, which the entry term forms
     alone. Not with a right decay (its gradient reads the forward's output, which lacks the entry term), nor
-    under torch.compile (the core's custom op takes no box): the entry term then forms all its gradients."""
-    return BackwardInitialState() if wanted and rd is None and not torch.compiler.is_compiling() else None
+    under torch.compile (the core's custom op takes no box), nor with `ones` (its kernels take none): the entry term
+    then forms all its gradients."""
+    return (BackwardInitialState() if wanted and rd is None and not ones and not torch.compiler.is_compiling()
+            else None)
 
 
 def _entering_rows(E, h0_rows, n_pieces, entry):
@@ -348,16 +352,30 @@ def _plan(c, bounds, reverse):
 
 def cp_linear_attention(q, k, v, ld=None, rd=None, *, cp_group, scale=None, initial_state=None,
                         output_final_state=False, cu_seqlens=None, chunk_size=None, backend="auto", reverse=False,
-                        precision=None, key_gate=None):
+                        precision=None, key_gate=None, ones=False):
     """`linear_attention` on this rank's contiguous slice of the sequence, the slices of `cp_group`'s ranks
     (in rank order) making up the whole. Arguments as in `linear_attention`, per slice ([B, T_r, H, ...]),
     except `cu_seqlens` (global offsets, the same on every rank) and `initial_state` (see the module
-    docstring). Returns (o for this slice, final state (the same on every rank) or None)."""
+    docstring). Returns (o for this slice, final state (the same on every rank) or None).
+    ones: `linear_attention_with_ones` instead (values [v, 1], the column implicit; left decay, forward): the
+    initial and final states are tuples (S [.., K, V], n [.., K]), it returns (o, den, final state or None), and
+    the state crosses the ranks as [S | n]. The local pass takes the ones kernels, whose den and its gradient stay
+    float32, and the entry term's den column is formed in float32 both ways: through an explicit [v, 1] in bf16
+    the terms of the column and of v nearly cancel in dq where |den| is small (mLSTMexp on 2 H200s, signed q, k:
+    dq 0.17-0.55 from float32 against one GPU's 3.3e-2)."""
     if not (dist.is_available() and dist.is_initialized()):
         raise RuntimeError("cp_group needs an initialized torch.distributed process group")
     if not isinstance(cp_group, dist.ProcessGroup):
         raise TypeError(f"cp_group must be a torch.distributed ProcessGroup, got {type(cp_group).__name__}")
     R, rank = dist.get_world_size(cp_group), dist.get_rank(cp_group)
+    if ones:
+        assert rd is None and not reverse, "cp_linear_attention(ones=True): left decay, forward only"
+        if R == 1:
+            return linear_attention_with_ones(q, k, v, ld, scale=scale, initial_state=initial_state,
+                                              output_final_state=output_final_state, cu_seqlens=cu_seqlens,
+                                              chunk_size=chunk_size, backend=backend, key_gate=key_gate)
+        if initial_state is not None:  # [S0 | n0]: the state that crosses the ranks
+            initial_state = torch.cat([initial_state[0], initial_state[1].unsqueeze(-1)], -1)
     if R == 1:
         return linear_attention(q, k, v, ld, rd, precision=precision, scale=scale, initial_state=initial_state,
                                 output_final_state=output_final_state, cu_seqlens=cu_seqlens,
@@ -366,7 +384,7 @@ def cp_linear_attention(q, k, v, ld=None, rd=None, *, cp_group, scale=None, init
     who = "cp_linear_attention"
     err = None
     try:
-        _local_checks(q, k, v, ld, rd, scale, initial_state, cu_seqlens, chunk_size, backend, key_gate)
+        _local_checks(q, k, v, ld, rd, scale, initial_state, cu_seqlens, chunk_size, backend, key_gate, ones)
     except (TypeError, ValueError) as e:
         err = e
     names = ("B", "H", "K", "V", "dtypes of q, k, v, ld, rd, key_gate", "ld kind", "rd given", "reverse",
@@ -374,7 +392,7 @@ def cp_linear_attention(q, k, v, ld=None, rd=None, *, cp_group, scale=None, init
     vals, own = [0] * len(names), [0, 0]
     if err is None:
         B, T, H, K = q.shape
-        V = v.shape[-1]
+        V = v.shape[-1] + int(ones)  # the state's width
         c = list(host_values(cu_seqlens)) if cu_seqlens is not None else None
         tensors = (q, k, v, ld, rd, initial_state, key_gate)
         needs_grad = torch.is_grad_enabled() and any(x is not None and x.requires_grad for x in tensors)
@@ -383,18 +401,26 @@ def cp_linear_attention(q, k, v, ld=None, rd=None, *, cp_group, scale=None, init
         own = [T, initial_state is not None]
         scale = K ** -0.5 if scale is None else float(scale)
     local_out = box = None
+
+    def local_pass(h0, cu):
+        """(o, state rows) of this slice from h0 (ones: o is the pair (o, den), the rows [S | n])."""
+        if not ones:
+            return linear_attention(q, k, v, ld, rd, precision=precision, scale=scale, initial_state=h0,
+                                    output_final_state=True, cu_seqlens=cu, chunk_size=chunk_size, backend=backend,
+                                    reverse=reverse, key_gate=key_gate)
+        o_, den_, (S_, n_) = linear_attention_with_ones(
+            q, k, v, ld, scale=scale, initial_state=None if h0 is None else (h0[..., :-1], h0[..., -1]),
+            output_final_state=True, cu_seqlens=cu, chunk_size=chunk_size, backend=backend, key_gate=key_gate)
+        return (o_, den_), torch.cat([S_, n_.unsqueeze(-1)], -1)
     if err is None and cu_seqlens is None:
         # 1 (before the metadata gather, without varlen): the local pass needs no other rank's length, so it is
         # queued first and the gather's wait on the GPU overlaps it (the first rank in scan order starts from
         # the initial state, every other from zero). An error here is raised on every rank by `agree`.
         try:
             first = rank == (R - 1 if reverse else 0)
-            box = _box(needs_grad and not first, rd)
+            box = _box(needs_grad and not first, rd, ones)
             with backward_initial_state(box):
-                local_out = linear_attention(q, k, v, ld, rd, precision=precision, scale=scale,
-                                             initial_state=initial_state if first else None, output_final_state=True,
-                                             chunk_size=chunk_size, backend=backend, reverse=reverse,
-                                             key_gate=key_gate)
+                local_out = local_pass(initial_state if first else None, None)
         except (TypeError, ValueError, RuntimeError) as e:
             err = e
     metas = agree(cp_group, err, list(zip(names, vals)), own, q.device, who)
@@ -412,16 +438,14 @@ def cp_linear_attention(q, k, v, ld=None, rd=None, *, cp_group, scale=None, init
     if local_out is not None:
         assert me["starts"] == [first], "the early local pass assumed another plan"
     else:  # varlen (without it the local pass ran above, or `agree` raised)
-        box = _box(needs_grad and me["cross"], rd)
+        box = _box(needs_grad and me["cross"], rd, ones)
         h0_loc = None
         if initial_state is not None and any(me["starts"]):
             rows = [initial_state[n] if st else torch.zeros_like(initial_state[n])
                     for (n, _, _), st in zip(pieces, me["starts"])]
             h0_loc = torch.stack(rows)
         with backward_initial_state(box):
-            local_out = linear_attention(q, k, v, ld, rd, precision=precision, scale=scale, initial_state=h0_loc,
-                                         output_final_state=True, cu_seqlens=cu_loc, chunk_size=chunk_size,
-                                         backend=backend, reverse=reverse, key_gate=key_gate)
+            local_out = local_pass(h0_loc, cu_loc)
     o, F_loc = local_out
     Bs = 1 if varlen else B  # batch of the state rows: one per piece with varlen, B without
     F_loc = F_loc.to(sdt).reshape(len(pieces), Bs, H, K, V)
@@ -469,8 +493,15 @@ def cp_linear_attention(q, k, v, ld=None, rd=None, *, cp_group, scale=None, init
 
     # 4. the correction of this rank's entry piece by the state that enters it
     Ein = E_in[rank]
+    if ones:
+        o, den = o
     if Ein is not None:
         qe = q if box is None else q.detach()
+        if ones:  # the den column: its own term, float32 both ways; the values' term below
+            Ein, E_n = Ein[..., :-1], Ein[..., -1:]
+            piece = den[:, a0:b0] + entry_term(qe[:, a0:b0], gl[:, a0:b0] if gl is not None else None, None, E_n,
+                                               scale, False, wide=True)[..., 0].to(den.dtype)
+            den = piece if (a0, b0) == (0, T) else torch.cat([den[:, :a0], piece, den[:, b0:]], 1)
         piece = add_entry_term(o[:, a0:b0], qe[:, a0:b0], gl[:, a0:b0] if gl is not None else None,
                                rd[:, a0:b0] if rd is not None else None, Ein, scale, reverse, backend)
         if box is not None:
@@ -482,7 +513,7 @@ def cp_linear_attention(q, k, v, ld=None, rd=None, *, cp_group, scale=None, init
             o = tie(o, initial_state)  # unused here: a zero gradient, ready for the all-reduce over ranks
 
     if not ofs:
-        return o, None
+        return (o, den, None) if ones else (o, None)
     # final states: each sequence's from the rank where it ends (in scan direction), the same on every rank
     N = len(c) - 1 if varlen else 1
     owner, piece = [], []
@@ -503,7 +534,7 @@ def cp_linear_attention(q, k, v, ld=None, rd=None, *, cp_group, scale=None, init
         finals = finals.index_add(0, torch.tensor(fix_idx, device=dev), torch.stack(fix_rows))
     S = finals.reshape(N, H, K, V) if varlen else finals[0]
     S = S.to(initial_state.dtype if initial_state is not None else sdt)
-    return o, S
+    return (o, den, (S[..., :-1], S[..., -1])) if ones else (o, S)
 
 
 def _gather_plain(x, group):

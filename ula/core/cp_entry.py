@@ -34,10 +34,10 @@ def _cum_log_adjoint(d, reverse):
     return torch.cat([torch.zeros_like(r[:, :1]), r[:, :-1]], 1)
 
 
-def _dtypes(q):
-    """(dtype of the decay arithmetic, dtype of the matmul operands)."""
+def _dtypes(q, wide=False):
+    """(dtype of the decay arithmetic, dtype of the matmul operands: float32 too where `wide`)."""
     sdt = torch.float64 if q.dtype == torch.float64 else torch.float32
-    return sdt, (torch.bfloat16 if q.dtype == torch.bfloat16 else sdt)
+    return sdt, (torch.bfloat16 if q.dtype == torch.bfloat16 and not wide else sdt)
 
 
 def _weighted(x, g, sdt, mm, reverse):
@@ -50,10 +50,10 @@ def _weighted(x, g, sdt, mm, reverse):
 
 class _EntryTerm(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, gl, rd, E, scale, reverse):
+    def forward(ctx, q, gl, rd, E, scale, reverse, wide):
         ctx.save_for_backward(q, gl, rd, E)
-        ctx.cfg = (scale, reverse)
-        sdt, mm = _dtypes(q)
+        ctx.cfg = (scale, reverse, wide)
+        sdt, mm = _dtypes(q, wide)
         corr = torch.einsum("blhk,bhkv->blhv", _weighted(q, gl, sdt, mm, reverse), E.to(mm))
         if rd is not None:
             return (corr.to(sdt) * torch.exp(cum_log(rd.to(sdt), reverse)) * scale).to(mm)
@@ -62,8 +62,8 @@ class _EntryTerm(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dC):
         q, gl, rd, E = ctx.saved_tensors
-        scale, reverse = ctx.cfg
-        sdt, mm = _dtypes(q)
+        scale, reverse, wide = ctx.cfg
+        sdt, mm = _dtypes(q, wide)
         ql = _weighted(q, gl, sdt, mm, reverse)
         Em = E.to(mm)
         drd = None
@@ -82,13 +82,15 @@ class _EntryTerm(torch.autograd.Function):
         dq = None
         if ctx.needs_input_grad[0]:
             dq = (_weighted(dql, gl, sdt, mm, reverse) if gl is not None else dql).to(q.dtype)
-        return dq, dgl, drd, dE, None, None
+        return dq, dgl, drd, dE, None, None, None
 
 
-def entry_term(q, gl, rd, E, scale, reverse):
+def entry_term(q, gl, rd, E, scale, reverse, wide=False):
     """corr [B, L, H, V] (bfloat16 for bfloat16 q, else float32 / float64) for q [B, L, H, K], left log decays gl
-    broadcastable to [B, L, H, K] (or None), right ones rd [B, L, H, V] (or None), E [B, H, K, V]."""
-    return _EntryTerm.apply(q, gl, rd, E, float(scale), bool(reverse))
+    broadcastable to [B, L, H, K] (or None), right ones rd [B, L, H, V] (or None), E [B, H, K, V].
+    wide: float32 matmul operands both ways (and a float32 corr), for a term whose gradient must not be rounded
+    (the den column of context_parallel.py's `ones`)."""
+    return _EntryTerm.apply(q, gl, rd, E, float(scale), bool(reverse), bool(wide))
 
 
 class _EntryTermTriton(torch.autograd.Function):

@@ -52,7 +52,12 @@ def linear_attention_with_ones(q, k, v, ld=None, *, scale=None, initial_state=No
                                cu_seqlens=None, chunk_size=None, backend="auto", key_gate=None, cp_group=None):
     """linear_attention(q, k, [v, 1], ld, ...) as (o, den, final (S, n) or None); initial_state (S0, n0) or None.
     Same arguments as ula.linear_attention (left decay only, forward)."""
-    kw = dict(cu_seqlens=cu_seqlens, chunk_size=chunk_size, backend=backend, key_gate=key_gate, cp_group=cp_group)
+    if cp_group is not None:  # the state [S | n] across the ranks, each rank's slice on the path below
+        from .context_parallel import cp_linear_attention
+        return cp_linear_attention(q, k, v, ld, cp_group=cp_group, scale=scale, initial_state=initial_state,
+                                   output_final_state=output_final_state, cu_seqlens=cu_seqlens,
+                                   chunk_size=chunk_size, backend=backend, key_gate=key_gate, ones=True)
+    kw = dict(cu_seqlens=cu_seqlens, chunk_size=chunk_size, backend=backend, key_gate=key_gate)
     if not fast_path(q, v, ld, backend, cp_group):
         return _generic(q, k, v, ld, scale, initial_state, output_final_state, kw)
     S0, n0 = (None, None) if initial_state is None else initial_state
