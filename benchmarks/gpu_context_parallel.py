@@ -115,7 +115,7 @@ def main():
             def one_gpu():
                 q, k, v, ld = make(kind, 1, T, dev, 0)
                 torch.cuda.reset_peak_memory_stats(dev)
-                ms = timed(lambda: fwd_bwd(q, k, v, ld, None), args.reps)
+                ms = timed(lambda: fwd_bwd(q, k, v, ld, None, kind), args.reps)
                 return {"T": T, "ms_fwd_bwd": ms, "peak_GiB": torch.cuda.max_memory_allocated(dev) / 2**30}
             section(res["runs"], f"{kind}/1gpu/T={T}", one_gpu)
         dist.barrier()
@@ -128,10 +128,11 @@ def main():
                 # clones: with B = 1 a slice along T is already contiguous, and .contiguous() would return the view,
                 # keeping the whole sequence's inputs alive on every rank (session 7 measured them in the peak)
                 q, k, v = q[:, s:e].clone(), k[:, s:e].clone(), v[:, s:e].clone()
-                ld = ld[:, s:e].clone() if ld is not None and ld.dim() > 1 else ld
+                cut = (lambda x: x[:, s:e].clone() if x is not None and x.dim() > 1 else x)
+                ld = tuple(map(cut, ld)) if isinstance(ld, tuple) else cut(ld)
                 torch.cuda.empty_cache()
                 torch.cuda.reset_peak_memory_stats(dev)
-                ms = timed(lambda: fwd_bwd(q, k, v, ld, world), args.reps, world)
+                ms = timed(lambda: fwd_bwd(q, k, v, ld, world, kind), args.reps, world)
                 peak = torch.cuda.max_memory_allocated(dev) / 2**30
                 peaks, mss = [None] * R, [None] * R
                 dist.all_gather_object(peaks, peak)

@@ -6,6 +6,9 @@
 #                                                  # repeat part
 #     bash benchmarks/gpu_pending_session39.sh 2   # GLA, mLSTMsig and mLSTMexp with context parallelism over NCCL:
 #                                                  # every rank's output and gradients against one GPU's, bf16
+#     bash benchmarks/gpu_pending_session39.sh 3   # time and peak memory of mLSTMexp, mLSTMsig and GLA on 1 GPU
+#                                                  # (whole sequence) against 2 GPUs (half each), T = 131072, bf16;
+#                                                  # then the GPU suite again
 # Writes $OUT/pending39.log and part 2's $OUT/gpu_context_parallel.json.
 NAME=pending39
 source "$(dirname "$0")/gpu_pending_common.sh"
@@ -15,5 +18,8 @@ case "$PART" in
    TMO=90 run python3 benchmarks/gpu_smoke.py --parts repeat ;;
 2) TMO=400 run NCCL_NVLS_ENABLE=0 torchrun --standalone --nproc_per_node=2 benchmarks/gpu_context_parallel.py \
        --kinds "" --families mlstm_exp,mlstm_exp_pos,mlstm_sig,gla --grad-T 32768 --T_long 0 ;;
+3) TMO=240 run NCCL_NVLS_ENABLE=0 torchrun --standalone --nproc_per_node=2 benchmarks/gpu_context_parallel.py \
+       --kinds mlstm_exp,mlstm_sig,gla --T 131072 --T_long 0 --reps 5
+   TMO=330 run ULA_TEST_GPU=1 python3 -m pytest -q -n 8 -p no:cacheprovider tests -rfE ;;
 esac
 tail -c 11000 "$LOG"
