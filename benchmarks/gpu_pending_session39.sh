@@ -9,6 +9,9 @@
 #     bash benchmarks/gpu_pending_session39.sh 3   # time and peak memory of mLSTMexp, mLSTMsig and GLA on 1 GPU
 #                                                  # (whole sequence) against 2 GPUs (half each), T = 131072, bf16;
 #                                                  # then the GPU suite again
+#     bash benchmarks/gpu_pending_session39.sh 4   # after mLSTMexp's context-parallel path took the one-GPU path's
+#                                                  # Triton gate kernels and fused epilogue: part 2's check, then
+#                                                  # part 3's timings of the two mLSTMs
 # Writes $OUT/pending39.log and part 2's $OUT/gpu_context_parallel.json.
 NAME=pending39
 source "$(dirname "$0")/gpu_pending_common.sh"
@@ -21,5 +24,10 @@ case "$PART" in
 3) TMO=240 run NCCL_NVLS_ENABLE=0 torchrun --standalone --nproc_per_node=2 benchmarks/gpu_context_parallel.py \
        --kinds mlstm_exp,mlstm_sig,gla --T 131072 --T_long 0 --reps 5
    TMO=330 run ULA_TEST_GPU=1 python3 -m pytest -q -n 8 -p no:cacheprovider tests -rfE ;;
+4) TMO=300 run NCCL_NVLS_ENABLE=0 torchrun --standalone --nproc_per_node=2 benchmarks/gpu_context_parallel.py \
+       --kinds "" --families mlstm_exp,mlstm_exp_pos --grad-T 32768 --T_long 0
+   cp "$OUT/gpu_context_parallel.json" "$OUT/gpu_context_parallel_check.json"
+   TMO=240 run NCCL_NVLS_ENABLE=0 torchrun --standalone --nproc_per_node=2 benchmarks/gpu_context_parallel.py \
+       --kinds mlstm_exp,mlstm_sig --T 131072 --T_long 0 --reps 5 ;;
 esac
 tail -c 11000 "$LOG"

@@ -213,8 +213,7 @@ def _exp_run(q, k, v, ldp, logw, m, mT, initial_state, eps, kw, anchor=None):
     o, den, fin = linear_attention_with_ones(q, ks, v, ldp.to(decay_dtype(q)), initial_state=init, key_gate=gate,
                                              **kw)
     epilogue = _exp_epilogue_torch
-    if kw.get("cp_group") is None and runs_fused(kw["backend"], q.device) and torch.float64 not in (o.dtype,
-                                                                                                   den.dtype):
+    if runs_fused(kw["backend"], q.device) and torch.float64 not in (o.dtype, den.dtype):
         # the same h and gradients in one Triton kernel each way (ula/ops/_mlstm_epilogue.py): the ~10 small ops
         # of the PyTorch form and their backward cost the host more than the GPU's work
         from ._mlstm_epilogue import mlstm_exp_epilogue as epilogue
@@ -299,7 +298,11 @@ def _mlstm_exp_cp(q, k, v, i, f, eps, initial_state, group, kw):
             if j == rank:
                 enter.append(m_in)
             run[n] = G[j, p, ..., 0] + torch.maximum(m_in, G[j, p, ..., 1])
-    ldp, logw, m, _ = _exp_gates(i, f, torch.cat(enter), tokens, scan)
+    if runs_triton(kw["backend"], q.device):  # this slice's gates from the entering max states, as on one GPU
+        from ._mlstm_gate_kernels import mlstm_exp_gates
+        ldp, logw, m, _ = mlstm_exp_gates(i, f, torch.cat(enter), offsets, decay_dtype(q))
+    else:
+        ldp, logw, m, _ = _exp_gates(i, f, torch.cat(enter), tokens, scan)
     mT = None
     if kw["output_final_state"]:
         mT = torch.cat([run[n] for n in range(N)]) if c is not None else run[0]
