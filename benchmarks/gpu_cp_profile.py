@@ -26,7 +26,7 @@ import ula.core.context_parallel as cpm  # noqa: E402
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--kind", default="scalar")
+    ap.add_argument("--kind", default="scalar", help="a core decay kind, or gla, mlstm_sig, mlstm_exp")
     ap.add_argument("--T", type=int, default=262144)
     ap.add_argument("--phases", action="store_true")
     ap.add_argument("--reps", type=int, default=7)
@@ -39,18 +39,19 @@ def main():
     n = a.T // R
     sl = lambda x: x[:, rank * n:(rank + 1) * n].clone()  # noqa: E731  (a view would keep all of T alive)
     q, k, v = sl(q), sl(k), sl(v)
-    ld = sl(ld) if ld is not None and ld.dim() > 1 else ld
+    cut = (lambda x: sl(x) if x is not None and x.dim() > 1 else x)
+    ld = tuple(map(cut, ld)) if isinstance(ld, tuple) else cut(ld)  # mLSTM: the gates (i, f)
     if a.phases:
         phases(q, k, v, ld, a, rank, R)
         dist.destroy_process_group()
         return
     for _ in range(2):
-        fwd_bwd(q, k, v, ld, dist.group.WORLD)
+        fwd_bwd(q, k, v, ld, dist.group.WORLD, a.kind)
     torch.cuda.synchronize()
     dist.barrier()
     acts = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
     with torch.profiler.profile(activities=acts) as prof:
-        fwd_bwd(q, k, v, ld, dist.group.WORLD)
+        fwd_bwd(q, k, v, ld, dist.group.WORLD, a.kind)
         torch.cuda.synchronize()
     for r in range(R):
         dist.barrier()
@@ -79,11 +80,11 @@ def phases(q, k, v, ld, a, rank, R):
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(dev)
         dist.barrier()
-        ms = timed(lambda: fwd_bwd(q, k, v, ld, group), a.reps, group)
+        ms = timed(lambda: fwd_bwd(q, k, v, ld, group, a.kind), a.reps, group)
         torch.cuda.synchronize()
         dist.barrier()
         t0 = time.perf_counter()
-        fwd_bwd(q, k, v, ld, group)  # the host's time to enqueue one call (the GPU catches up after)
+        fwd_bwd(q, k, v, ld, group, a.kind)  # the host's time to enqueue one call (the GPU catches up after)
         host = (time.perf_counter() - t0) * 1e3
         torch.cuda.synchronize()
         res[name] = {"ms": round(ms, 3), "host_ms": round(host, 3),

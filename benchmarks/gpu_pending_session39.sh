@@ -12,6 +12,8 @@
 #     bash benchmarks/gpu_pending_session39.sh 4   # after mLSTMexp's context-parallel path took the one-GPU path's
 #                                                  # Triton gate kernels and fused epilogue: part 2's check, then
 #                                                  # part 3's timings of the two mLSTMs
+#     bash benchmarks/gpu_pending_session39.sh 5   # where the families' context-parallel time goes: each rank's
+#                                                  # slice alone against with cp_group (gpu_cp_profile.py --phases)
 # Writes $OUT/pending39.log and part 2's $OUT/gpu_context_parallel.json.
 NAME=pending39
 source "$(dirname "$0")/gpu_pending_common.sh"
@@ -29,5 +31,9 @@ case "$PART" in
    cp "$OUT/gpu_context_parallel.json" "$OUT/gpu_context_parallel_check.json"
    TMO=240 run NCCL_NVLS_ENABLE=0 torchrun --standalone --nproc_per_node=2 benchmarks/gpu_context_parallel.py \
        --kinds mlstm_exp,mlstm_sig --T 131072 --T_long 0 --reps 5 ;;
+5) for K in gla mlstm_sig mlstm_exp; do
+     TMO=100 run NCCL_NVLS_ENABLE=0 torchrun --standalone --nproc_per_node=2 benchmarks/gpu_cp_profile.py \
+         --kind $K --T 131072 --phases --reps 5
+   done ;;
 esac
 tail -c 11000 "$LOG"

@@ -286,6 +286,12 @@ def _state_edge_cases(rank, R, group, seed):
     _, S = ula.linear_attention(q[:, s], k[:, s], v[:, s], g[:, s], output_final_state=True, cp_group=group)
     if S.dtype != torch.float64 or rel(S, S1) > 1e-12:
         bad.append(f"float64 final state: {S.dtype}, {rel(S, S1):.1e}")
+    h32 = torch.randn(1, 2, 8, 8)  # a float32 initial state beside float64 inputs: still a float64 final state
+    _, S1 = ula.linear_attention(q, k, v, g, initial_state=h32, output_final_state=True)
+    _, S = ula.linear_attention(q[:, s], k[:, s], v[:, s], g[:, s], initial_state=h32, output_final_state=True,
+                                cp_group=group)
+    if S.dtype != S1.dtype or rel(S, S1) > 1e-12:
+        bad.append(f"float64 final state from a float32 initial state: {S.dtype}, {rel(S, S1):.1e}")
     h0 = torch.randn(1, 2, 8, 8, dtype=torch.float64)
     do = torch.randn(1, T, 2, 8, dtype=torch.float64)
     one = h0.clone().requires_grad_()
@@ -301,6 +307,24 @@ def _state_edge_cases(rank, R, group, seed):
         if mine.grad is None or rel(mine.grad, want) > 1e-12:
             bad.append(f"initial_state gradient: {None if mine.grad is None else rel(mine.grad, want)}")
     return bad
+
+
+def _lm_one_token_slice(rank, R, group, seed):
+    """A CausalLM (GLA, float64) with context parallelism continues from its cache with the last rank holding one
+    token: the same logits as one process (that rank took the recurrent step, joined no collective and left the
+    others waiting). Returns the names of failed checks."""
+    from ula.layers._base import set_cp_group
+    from ula.models import CausalLM, LMConfig
+    torch.manual_seed(seed)
+    model = CausalLM(LMConfig(vocab_size=32, d_model=16, n_layers=2, n_heads=2, mixer="gla")).double()
+    prefix, cont = torch.randint(0, 32, (1, 2 * R)), torch.randint(0, 32, (1, 2 * R - 1))
+    with torch.no_grad():
+        _, cache = model(prefix)
+        want, _ = model(cont, cache=cache)
+        set_cp_group(model, group)
+        _, cache = model(prefix[:, 2 * rank:2 * rank + 2])
+        got, _ = model(cont[:, 2 * rank:2 * rank + 2], cache=cache)  # the last rank: one token
+    return [] if rel(got, want[:, 2 * rank:2 * rank + 2]) < 1e-10 else [f"logits {rel(got, want[:, 2 * rank:]):.1e}"]
 
 
 def _bf16_close(rank, R, group, seed):
@@ -333,7 +357,8 @@ def _worker(rank, R, init, seed, out):
         results.append(dict(case="bad inputs raise on every rank", ok=_bad_inputs_raise_everywhere(rank, R, group)))
         results.append(dict(case="bfloat16 slices close to float32", ok=_bf16_close(rank, R, group, seed)))
         for name, failed in (("mismatches raise on every rank", _mismatches_raise_everywhere(rank, R, group)),
-                             ("state edge cases", _state_edge_cases(rank, R, group, seed))):
+                             ("state edge cases", _state_edge_cases(rank, R, group, seed)),
+                             ("a model's one-token slice", _lm_one_token_slice(rank, R, group, seed))):
             results.append(dict(case=f"{name}: {failed} (rank {rank})", ok=not failed))
         with open(f"{out}.{rank}", "w") as f:
             json.dump(results, f)

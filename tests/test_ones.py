@@ -69,11 +69,22 @@ def _check_ones(decay, gate, varlen, dtype, tol):
         assert rel(a, b) <= tol, (name, rel(a, b), seed)
 
 
-def test_ones_initial_state_needs_both_parts():
-    q, v = torch.randn(1, 20, 2, 16), torch.randn(1, 20, 2, 16)
-    with pytest.raises(ValueError, match="n0 of shape"):
-        linear_attention_with_ones(q, q, v, initial_state=(torch.zeros(1, 2, 16, 16), torch.zeros(1, 2, 15)),
-                                   backend="triton")
+@pytest.mark.parametrize("backend,K", [("triton", 16), ("triton", 20), ("torch", 16)])  # fast path, padded, generic
+def test_ones_initial_state_and_flag_checked_alike_on_every_path(backend, K):
+    """(S0, n0) both tensors, n0 of S0's shape without V, dtype and device; output_final_state a bool. Before, the
+    fast path ignored n0 without S0 and accepted a non-bool flag, the generic one failed inside torch.cat."""
+    q, v = torch.randn(1, 20, 2, K), torch.randn(1, 20, 2, 16)
+    S0, n0 = torch.zeros(1, 2, K, 16), torch.zeros(1, 2, K)
+    bad = {"n0 without S0": ((None, n0), TypeError, "pair of tensors"),
+           "S0 without n0": ((S0, None), TypeError, "pair of tensors"),
+           "S0 alone": (S0, TypeError, "pair of tensors"),
+           "n0 too wide": ((S0, torch.zeros(1, 2, K + 1)), ValueError, "n0 must have the shape"),
+           "n0 in another dtype": ((S0, n0.double()), ValueError, "dtype torch.float32")}
+    for name, (state, err, words) in bad.items():
+        with pytest.raises(err, match=words):
+            linear_attention_with_ones(q, q, v, initial_state=state, backend=backend)
+    with pytest.raises(TypeError, match="output_final_state must be True or False"):
+        linear_attention_with_ones(q, q, v, output_final_state="yes", backend=backend)
 
 
 _SPLIT_SCRIPT = r"""

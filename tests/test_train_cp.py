@@ -117,3 +117,45 @@ def test_set_cp_group_names_the_mixer():
     model = CausalLM(LMConfig(d_model=32, n_layers=1, n_heads=2, mixer="softmax"))
     with pytest.raises(ValueError, match="SoftmaxAttentionLayer"):
         set_cp_group(model, object())
+
+
+def test_set_cp_group_refuses_the_demo_token_shift():
+    """The demo's token shift reads the previous token, which lies on another rank for a slice's first one."""
+    from ula.demo.model import demo_model
+    from ula.layers._base import set_cp_group
+    with pytest.raises(ValueError, match="ShiftEmbedding"):
+        set_cp_group(demo_model("gla", 16, 32, 1, 2), object())
+
+
+def _late_clock_worker(rank, world, port, root):
+    """Rank 1's clock jumps a day, so its time budget is spent before the first step while rank 0's is not:
+    the ranks must still stop after the same step (before: rank 1 validated while rank 0 trained, mismatched
+    collectives)."""
+    import datetime
+    import time
+    import types
+
+    import torch.distributed as dist
+    import ula.train.loop as loop
+    torch.set_num_threads(1)
+    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1",
+                      MASTER_PORT=str(port))
+    init = dist.init_process_group
+    # a collective that one rank never joins fails in a minute instead of gloo's half hour
+    dist.init_process_group = lambda *a, **k: init(*a, **dict(k, timeout=datetime.timedelta(seconds=60)))
+    calls = []
+
+    def clock():  # rank 1: a day passes right after the loop reads its start time
+        calls.append(1)
+        return time.perf_counter() + (86400.0 if rank == 1 and len(calls) > 1 else 0.0)
+    loop.time = types.SimpleNamespace(perf_counter=clock, time=time.time)
+    train(dict(_given("gla", 0, cp=world), steps=3, minutes=30), out_dir=os.path.join(root, "late"), device="cpu",
+          quiet=True)
+
+
+def test_time_budget_stops_every_rank_at_the_same_step(tmp_path, monkeypatch):
+    for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE"):
+        monkeypatch.delenv(k, raising=False)
+    mp.spawn(_late_clock_worker, args=(2, _free_port(), str(tmp_path)), nprocs=2, join=True)
+    with open(tmp_path / "late" / "metrics.json") as f:
+        assert json.load(f)["history"]["train"] == []  # rank 0 stopped with rank 1, before any step

@@ -78,7 +78,7 @@ import torch.distributed as dist
 
 from .api import linear_attention
 from .checks import check_linear_attention
-from .cp_entry import add_entry_term, entry_term
+from .cp_entry import add_entry_term
 from .cu_cache import host_values
 from .ones import linear_attention_with_ones
 from .op import BackwardInitialState, backward_initial_state
@@ -499,8 +499,8 @@ def cp_linear_attention(q, k, v, ld=None, rd=None, *, cp_group, scale=None, init
         qe = q if box is None else q.detach()
         if ones:  # the den column: its own term, float32 both ways; the values' term below
             Ein, E_n = Ein[..., :-1], Ein[..., -1:]
-            piece = den[:, a0:b0] + entry_term(qe[:, a0:b0], gl[:, a0:b0] if gl is not None else None, None, E_n,
-                                               scale, False, wide=True)[..., 0].to(den.dtype)
+            piece = add_entry_term(den[:, a0:b0].unsqueeze(-1), qe[:, a0:b0], gl[:, a0:b0] if gl is not None else None,
+                                   None, E_n, scale, False, backend, wide=True)[..., 0]
             den = piece if (a0, b0) == (0, T) else torch.cat([den[:, :a0], piece, den[:, b0:]], 1)
         piece = add_entry_term(o[:, a0:b0], qe[:, a0:b0], gl[:, a0:b0] if gl is not None else None,
                                rd[:, a0:b0] if rd is not None else None, Ein, scale, reverse, backend)
@@ -533,7 +533,7 @@ def cp_linear_attention(q, k, v, ld=None, rd=None, *, cp_group, scale=None, init
     if fix_rows:
         finals = finals.index_add(0, torch.tensor(fix_idx, device=dev), torch.stack(fix_rows))
     S = finals.reshape(N, H, K, V) if varlen else finals[0]
-    S = S.to(initial_state.dtype if initial_state is not None else sdt)
+    S = S.to(sdt)  # as one process returns it: float32, float64 for float64 inputs (whatever initial_state's)
     return (o, den, (S[..., :-1], S[..., -1])) if ones else (o, S)
 
 

@@ -97,13 +97,14 @@ class _EntryTermTriton(torch.autograd.Function):
     """o + corr through the kernels of ula/core/triton/entry.py (left decays, forward direction)."""
 
     @staticmethod
-    def forward(ctx, o, q, gl, E, scale):
+    def forward(ctx, o, q, gl, E, scale, wide):
         from .triton.entry import chunk_carry, entry_forward
+        from .triton.utils import DOT_F32
         carry = None if gl is None else chunk_carry(gl, q.shape[1])
         E = E.contiguous()
         ctx.save_for_backward(q, gl, E, carry)
-        ctx.scale = scale
-        return entry_forward(q, gl, E, o, scale, carry)
+        ctx.scale, ctx.dot = scale, (DOT_F32 if wide else None)
+        return entry_forward(q, gl, E, o, scale, carry, dot=ctx.dot)
 
     @staticmethod
     def backward(ctx, dout):
@@ -112,19 +113,20 @@ class _EntryTermTriton(torch.autograd.Function):
         if dout.stride(-1) != 1:
             dout = dout.contiguous()
         need = ctx.needs_input_grad
-        dq, dg, dE = entry_backward(q, gl, E, dout, ctx.scale, carry, need[1], need[2], need[3])
+        dq, dg, dE = entry_backward(q, gl, E, dout, ctx.scale, carry, need[1], need[2], need[3], ctx.dot)
         dg = None if dg is None else dg.sum_to_size(gl.shape).to(gl.dtype)
-        return dout, dq, dg, None if dE is None else dE.to(E.dtype), None
+        return dout, dq, dg, None if dE is None else dE.to(E.dtype), None, None
 
 
 ENTRY_KERNEL_MAX_K = 256  # the kernels hold all of K in one tile (ula/core/triton/entry.py)
 
 
-def add_entry_term(o, q, gl, rd, E, scale, reverse, backend):
+def add_entry_term(o, q, gl, rd, E, scale, reverse, backend, wide=False):
     """o + corr (o [B, L, H, V], the slice's entry piece): the Triton kernels where the core runs them (left
     decays, forward direction, K <= 256; float64 stays in PyTorch), the PyTorch form above otherwise. Inputs
-    given detached get no gradient (only E's is formed: context_parallel.py leaves the others to the core)."""
+    given detached get no gradient (only E's is formed: context_parallel.py leaves the others to the core).
+    wide: float32 matmul operands both ways (E and the gradient unrounded; see `entry_term`)."""
     if (rd is None and not reverse and q.dtype != torch.float64 and q.shape[-1] <= ENTRY_KERNEL_MAX_K
             and runs_triton(backend, q.device)):
-        return _EntryTermTriton.apply(o, q, gl, E, float(scale))
-    return o + entry_term(q, gl, rd, E, scale, reverse).to(o.dtype)
+        return _EntryTermTriton.apply(o, q, gl, E, float(scale), bool(wide))
+    return o + entry_term(q, gl, rd, E, scale, reverse, wide).to(o.dtype)

@@ -20,7 +20,7 @@ from . import precision
 from .api import _pad_to_16, linear_attention, one_sequence_as_batch
 from .autograd import canonical_left
 from .backends import chunk_fn, runs_triton
-from .checks import check_linear_attention
+from .checks import check_flag, check_linear_attention, short_repr
 from .chunk_layout import make_layout
 from .custom_ops import EMPTY, dense_and_packed, fake_like
 
@@ -29,6 +29,23 @@ def with_ones_column(v):
     """[v, 1] along the last dim: the column made explicit (the generic path here, the families' one-step forms,
     where it is also normalized attention's constant key feature)."""
     return torch.cat([v, torch.ones_like(v[..., :1])], -1)
+
+
+def _check_pair(initial_state, output_final_state):
+    """initial_state None or (S0, n0), n0 [..., K] beside S0 [..., K, V] in its dtype and on its device (S0 itself is
+    checked as linear_attention's initial_state); output_final_state a bool. The same on every path."""
+    check_flag("linear_attention_with_ones", "output_final_state", output_final_state)
+    if initial_state is None:
+        return
+    if not (isinstance(initial_state, (tuple, list)) and len(initial_state) == 2
+            and all(isinstance(x, torch.Tensor) for x in initial_state)):
+        raise TypeError("linear_attention_with_ones: initial_state must be None or a pair of tensors (S0 [.., K, V], "
+                        f"n0 [.., K]), got {short_repr(initial_state)}")
+    S0, n0 = initial_state
+    if tuple(n0.shape) != tuple(S0.shape[:-1]) or n0.dtype != S0.dtype or n0.device != S0.device:
+        raise ValueError(f"linear_attention_with_ones: initial_state's n0 must have the shape {tuple(S0.shape[:-1])} "
+                         f"(S0's without V), dtype {S0.dtype} and device {S0.device} of S0, got shape "
+                         f"{tuple(n0.shape)}, dtype {n0.dtype}, device {n0.device}")
 
 
 def _generic(q, k, v, ld, scale, initial_state, output_final_state, kw):
@@ -52,6 +69,12 @@ def linear_attention_with_ones(q, k, v, ld=None, *, scale=None, initial_state=No
                                cu_seqlens=None, chunk_size=None, backend="auto", key_gate=None, cp_group=None):
     """linear_attention(q, k, [v, 1], ld, ...) as (o, den, final (S, n) or None); initial_state (S0, n0) or None.
     Same arguments as ula.linear_attention (left decay only, forward)."""
+    if cp_group is not None:
+        from .context_parallel import raised_everywhere
+        with raised_everywhere(cp_group, "linear_attention_with_ones"):  # a failure raises on every rank
+            _check_pair(initial_state, output_final_state)
+    else:
+        _check_pair(initial_state, output_final_state)
     if cp_group is not None:  # the state [S | n] across the ranks, each rank's slice on the path below
         from .context_parallel import cp_linear_attention
         return cp_linear_attention(q, k, v, ld, cp_group=cp_group, scale=scale, initial_state=initial_state,
@@ -63,9 +86,6 @@ def linear_attention_with_ones(q, k, v, ld=None, *, scale=None, initial_state=No
     S0, n0 = (None, None) if initial_state is None else initial_state
     check_linear_attention(q, k, v, ld, None, scale, S0, cu_seqlens, chunk_size, backend, key_gate)
     cu_seqlens = one_sequence_as_batch(q, cu_seqlens)
-    if S0 is not None and (n0 is None or tuple(n0.shape) != tuple(S0.shape[:-1])):
-        raise ValueError(f"linear_attention_with_ones: initial_state needs (S0, n0) with n0 of shape "
-                         f"{tuple(S0.shape[:-1])}, got {None if n0 is None else tuple(n0.shape)}")
     scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
     C = int(chunk_size) if chunk_size is not None else chunk_fn(backend, q.device).pick_chunk(ld, None)
     prec = precision.encode(precision.resolve(()))  # "fast" unless set_precision says otherwise

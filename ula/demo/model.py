@@ -12,6 +12,8 @@ from ..models import CausalLM, LMConfig
 
 
 class ShiftEmbedding(nn.Module):
+    context_parallel = False  # the previous token of a slice's first lies on another rank (set_cp_group refuses it)
+
     def __init__(self, embed, init_std=0.02):
         super().__init__()
         self.embed = embed

@@ -5,7 +5,7 @@ over a whole sequence) and `step(x_t [B, d], state) -> (y_t, new_state)` (one-to
 ops' `*_step` functions). `MIXERS` maps a name to a constructor `(d_model, n_heads, **kwargs)`."""
 from functools import partial
 
-from ._base import Mixer, RMSNorm, softcap
+from ._base import Mixer, RMSNorm, set_cp_group, softcap
 from .gla import GLALayer
 from .gsa import GSALayer
 from .hgrn2 import HGRN2Layer
@@ -38,6 +38,6 @@ def build_mixer(name, d_model, n_heads, **kwargs):
     return MIXERS[name](d_model, n_heads, **kwargs)
 
 
-__all__ = ["MIXERS", "LINEAR_MIXERS", "build_mixer", "Mixer", "RMSNorm", "softcap", "GLALayer", "GSALayer",
-           "MLSTMLayer", "LinearAttentionLayer", "RetNetLayer", "Mamba2Layer", "HGRN2Layer",
+__all__ = ["MIXERS", "LINEAR_MIXERS", "build_mixer", "Mixer", "RMSNorm", "set_cp_group", "softcap", "GLALayer",
+           "GSALayer", "MLSTMLayer", "LinearAttentionLayer", "RetNetLayer", "Mamba2Layer", "HGRN2Layer",
            "NormalizedLinearAttentionLayer", "SoftmaxAttentionLayer"]

@@ -157,9 +157,11 @@ def set_cp_group(module, group):
     (ula/core/context_parallel.py); None turns it off. `step` (decoding) is unaffected. Raises ValueError,
     naming the mixers, where one cannot (before changing any)."""
     mixers = [m for m in module.modules() if isinstance(m, Mixer)]
-    bad = sorted({type(m).__name__ for m in mixers if not m.context_parallel})
+    # a mixer whose op takes no cp_group, or another module that reads across time (the demo's token shift)
+    bad = sorted({type(m).__name__ for m in module.modules() if getattr(m, "context_parallel", True) is False})
     if group is not None and bad:
-        raise ValueError(f"{', '.join(bad)} cannot run with context parallelism (a cp_group): its op takes none")
+        raise ValueError(f"{', '.join(bad)} cannot run with context parallelism (a cp_group): it mixes tokens "
+                         "across the slices' boundaries without one")
     for m in mixers:
         m.cp_group = group
 

@@ -195,12 +195,15 @@ class CausalLM(nn.Module):
     def forward(self, input_ids, cache=None, cu_seqlens=None):
         """input_ids [B, T] -> (logits [B, T, vocab], StateCache). With a cache, continues from it
         (one token: the recurrent step; more: the chunk path from the cached states)."""
-        if cache is not None and input_ids.shape[1] == 1 and cu_seqlens is None:
+        if cache is not None and input_ids.shape[1] == 1 and cu_seqlens is None and not self._context_parallel():
             logits, cache = self.step(input_ids[:, 0], cache)
             return logits.unsqueeze(1), cache
         if isinstance(cache, StaticStateCache):   # continues token by token, in place
             if cu_seqlens is not None:
                 raise ValueError("a StaticStateCache cannot be combined with cu_seqlens")
+            if self._context_parallel():
+                raise ValueError("a StaticStateCache steps token by token, which context parallelism cannot: "
+                                 "pass a StateCache (or none), or turn it off with set_cp_group(model, None)")
             return torch.stack([self.step(t, cache)[0] for t in input_ids.unbind(1)], 1), cache
         states = [None] * len(self.blocks) if cache is None else cache.states
         h = self.embed(input_ids)
@@ -210,6 +213,11 @@ class CausalLM(nn.Module):
             new.append(s)
         seen = (0 if cache is None else cache.seen_tokens) + input_ids.shape[1]
         return self._logits(h), StateCache(new, seen)
+
+    def _context_parallel(self):
+        """Whether a mixer runs with a cp_group: a one-token slice then takes the chunk path with the others (the
+        recurrent step would neither join their collectives nor get the earlier ranks' state)."""
+        return any(getattr(m, "cp_group", None) is not None for m in self.modules())
 
     def step(self, token_ids, cache=None):
         """One token per row, token_ids [B] -> (logits [B, vocab], StateCache). A StaticStateCache is

@@ -55,6 +55,16 @@ class Dist:
         dist.all_reduce(t)
         return t.item() / self.world
 
+    def any(self, flag):
+        """Whether `flag` is true on any rank (every rank gets the same answer: a decision that must be taken
+        alike, such as stopping at a time limit, where each rank's own clock could disagree)."""
+        if self.world == 1:
+            return bool(flag)
+        import torch.distributed as dist
+        t = torch.tensor([int(bool(flag))], dtype=torch.int32, device=self.device)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        return bool(t.item())
+
     def barrier(self):
         if self.world > 1:
             import torch.distributed as dist
@@ -196,7 +206,9 @@ def train(given, out_dir=None, resume=None, device="auto", quiet=False):
                mininterval=0.5, unit="step")
     step, bpb, seen = start, None, 0
     while step < a["steps"]:
-        if a["minutes"] is not None and time.perf_counter() - t0 > 60 * a["minutes"]:
+        # the ranks stop after the same step (their clocks start apart; a rank that stopped alone would validate
+        # while another trained: mismatched collectives)
+        if a["minutes"] is not None and d.any(time.perf_counter() - t0 > 60 * a["minutes"]):
             if d.main and not quiet:
                 print(f"time budget of {a['minutes']} minutes reached at step {step}")
             break

@@ -237,10 +237,11 @@ def chunk_carry(g, L, with_total=False):
     return (inclusive - tot, inclusive[:, -1]) if with_total else inclusive - tot
 
 
-def entry_forward(q, g, E, o, scale, carry, out=None):
+def entry_forward(q, g, E, o, scale, carry, out=None, dot=None):
     """o + scale · Eᵀ(exp(b) ⊙ q) for q [B, L, H, K], g broadcastable to [B, L, H, K|1] or None, E [B, H, K, V]
     (contiguous), o [B, L, H, V] (any strides with a unit last one): a new contiguous tensor in o's dtype, or
-    written into `out` (o itself for an update in place; any strides with a unit last one)."""
+    written into `out` (o itself for an update in place; any strides with a unit last one). dot: the matmuls'
+    operand code (None: by the inputs; DOT_F32 keeps E and the gradients unrounded, as mLSTMexp's normalizer needs)."""
     B, L, H, K = q.shape
     assert K <= 256, "the entry kernels hold all of K in one tile (cp_entry.add_entry_term routes K > 256 away)"
     V = E.shape[-1]
@@ -249,7 +250,7 @@ def entry_forward(q, g, E, o, scale, carry, out=None):
     g_, sg, KG, gbm, has_g, vec = _decay_args(g, q)
     BK, BV = block(K, 256), block(V, _FWD_BV)
     nC = cdiv(L, BT)
-    dot = _dot(q, o)
+    dot = _dot(q, o) if dot is None else dot
     span, n_spans, warps = _spans(nC, cdiv(V, BV) * B * H, 0)
     launch(_entry_fwd_kernel, (n_spans, cdiv(V, BV), B * H), q, g_, carry if has_g else q, _state_operand(E, dot),
            o, out, L, H, K, V, nC, span, q.stride(0), q.stride(1), q.stride(2), o.stride(0), o.stride(1),
@@ -258,7 +259,7 @@ def entry_forward(q, g, E, o, scale, carry, out=None):
     return out
 
 
-def entry_backward_e(q, g, E, dc, scale, carry, need_e, need_g):
+def entry_backward_e(q, g, E, dc, scale, carry, need_e, need_g, dot=None):
     """(dE float32 or None, the carries of dg's reverse sum or None): the dE kernel, which also forms each
     chunk's total of d b when dg is wanted."""
     B, L, H, K = q.shape
@@ -278,7 +279,7 @@ def entry_backward_e(q, g, E, dc, scale, carry, need_e, need_g):
     tot = alloc((nV, B, nC, H, K) if vec else (nK * nV, B, nC, H, 1), q.device) if need_g else q
     launch(_entry_de_kernel, (n_spans, nK * nV, B * H), q, g_, carry if has_g else q, E, dc, part, tot, L, H, K, V,
            nC, span, q.stride(0), q.stride(1), q.stride(2), dc.stride(0), dc.stride(1), dc.stride(2), *sg, KG, gbm,
-           scale, BT=BT, BK=BK, BV=BV, HAS_G=has_g, VEC_G=vec, NEED_TOT=need_g, DOT=_dot(q, dc))
+           scale, BT=BT, BK=BK, BV=BV, HAS_G=has_g, VEC_G=vec, NEED_TOT=need_g, DOT=_dot(q, dc) if dot is None else dot)
     dE = part.sum(0) * scale if need_e else None
     db_carry = None
     if need_g:
@@ -287,7 +288,7 @@ def entry_backward_e(q, g, E, dc, scale, carry, need_e, need_g):
     return dE, db_carry
 
 
-def entry_backward_q(q, g, E, dc, scale, carry, db_carry):
+def entry_backward_q(q, g, E, dc, scale, carry, db_carry, dot=None):
     """(dq, dg [B, L, H, KG] float32 or None) from the carries of `entry_backward_e` (db_carry None: no dg)."""
     B, L, H, K = q.shape
     V = E.shape[-1]
@@ -296,7 +297,7 @@ def entry_backward_q(q, g, E, dc, scale, carry, db_carry):
     dq = alloc((B, L, H, K), q.device, q.dtype)
     dg = alloc((B, L, H, KG), q.device) if need_g else None
     nC = cdiv(L, BT)
-    dot = _dot(q, dc)
+    dot = _dot(q, dc) if dot is None else dot
     span, n_spans, warps = _spans(nC, B * H, 1)
     launch(_entry_dq_kernel, (n_spans, B * H), q, g_, carry if has_g else q, _state_operand(E, dot), dc, dq,
            db_carry if need_g else q, dg if need_g else q, L, H, K, V, nC, span, q.stride(0), q.stride(1),
@@ -306,12 +307,12 @@ def entry_backward_q(q, g, E, dc, scale, carry, db_carry):
     return dq, dg
 
 
-def entry_backward(q, g, E, dc, scale, carry, need_q, need_g, need_e):
+def entry_backward(q, g, E, dc, scale, carry, need_q, need_g, need_e, dot=None):
     """(dq, dg [B|Bg-summed.., L, H, KG] float32 or None, dE float32) of `entry_forward` for dC = dc: the dE
-    kernel, then the dq kernel."""
+    kernel, then the dq kernel (dot: as entry_forward's)."""
     need_g = need_g and g is not None
-    dE, db_carry = entry_backward_e(q, g, E, dc, scale, carry, need_e, need_g)
+    dE, db_carry = entry_backward_e(q, g, E, dc, scale, carry, need_e, need_g, dot)
     dq = dg = None
     if need_q or need_g:
-        dq, dg = entry_backward_q(q, g, E, dc, scale, carry, db_carry)
+        dq, dg = entry_backward_q(q, g, E, dc, scale, carry, db_carry, dot)
     return dq if need_q else None, dg, dE
