@@ -359,3 +359,25 @@ def test_op_single_step_mlstm_gsa_against_reference():
                i=torch.randn(B, 1, H), f=torch.randn(B, 1, H), h0=torch.randn(B, H, K, V))
     _check(compare(lambda h0, **a: ula.mlstm(**a, variant="sig", initial_state=h0, **KW),
                    lambda h0, **a: ref_mlstm_sig(**a, h0=h0), inp), seed)
+
+
+@pytest.mark.parametrize("chunk", [64, 1024])
+def test_strong_then_mild_scalar_decays_at_any_chunk(chunk):
+    """Per-step log decays near -30 for half a chunk, then mild ones (mLSTMexp under its strongest forget gates):
+    the in-chunk cumulative sums reach ~-15000 and the exponents are differences of them. The PyTorch path sums them
+    in float64 (ula/core/chunk_torch.py `_cumsum_chunks`); in float32 the output was 4e-4 from float64 at chunk
+    1024 (1.6e-7 at 64), and now 1.6e-7 at both. Output and the q, k, v gradients to 1e-5."""
+    seed = fresh_seed()
+    B, T, H, K = 1, 1024, 2, 32
+    q, k, v = (torch.randn(B, T, H, K) for _ in range(3))
+    g = F.logsigmoid(torch.randn(B, T, H) * 0.5 + 4)
+    g[:, :T // 2] = -30.0 + torch.rand(B, T // 2, H)
+    do = torch.randn(B, T, H, K)
+    outs = {}
+    for dt in (torch.float32, torch.float64):
+        xs = [x.detach().to(dt).requires_grad_() for x in (q, k, v)]
+        o, _ = ula.linear_attention(*xs, g.to(dt), backend="torch", chunk_size=chunk)
+        (o * do.to(dt)).sum().backward()
+        outs[dt] = [o] + [x.grad for x in xs]
+    errs = {n: rel(a, b) for n, a, b in zip(("o", "dq", "dk", "dv"), outs[torch.float32], outs[torch.float64])}
+    _check(errs, seed, tol=1e-5)
