@@ -163,3 +163,25 @@ def _segments_on_h100(B, T, H, D, decay, grad, state_forced, monkeypatch):
     q = torch.zeros(1, 1, 1, 1).expand(B, T, H, D)  # shapes only: no memory behind them
     ld = torch.zeros(1, 1, 1).expand(B, T, H) if decay else None
     return time_split.segments(q, q, ld, None, None, False, "triton", 128, grad)
+
+
+def test_split_with_huge_finite_log_decays(monkeypatch, counted):
+    """Finite log decays of -3e38 (accepted) in the second segment: summed over a chunk they overflow to -inf, and
+    the entry kernels' carries were formed as inclusive - total, -inf - (-inf) = NaN over the whole segment (output
+    and gradients). The carries are now shifted sums. Output, final state and gradients equal the unsplit call's."""
+    seed = fresh_seed()
+    q, k, v, ld, _, h0 = make_inputs("vector", False, 1, 128, 1, 16, 16)
+    ld = ld.detach().clone()
+    ld[:, 70:72] = -3e38
+    do = torch.randn_like(v)
+    res = {}
+    for forced in (None, "2"):
+        monkeypatch.setattr(time_split, "_FORCED", forced)
+        xs = [x.detach().clone().requires_grad_() for x in (q, k, v, ld, h0)]
+        o, S = ula.linear_attention(*xs[:4], initial_state=xs[4], output_final_state=True, backend="triton",
+                                    chunk_size=64)
+        ((o * do).sum() + S.sum()).backward()
+        res[forced] = [o, S] + [x.grad for x in xs]
+    assert counted == [2]
+    errs = {n: rel(b, a) for n, a, b in zip(("o", "S", "dq", "dk", "dv", "dld", "dh0"), res[None], res["2"])}
+    check(errs, seed)

@@ -234,7 +234,10 @@ def chunk_carry(g, L, with_total=False):
     if full < nC:
         tot[:, full] = g[:, full * BT:].sum(1, dtype=torch.float32)
     inclusive = _cumsum_chunks(tot)
-    return (inclusive - tot, inclusive[:, -1]) if with_total else inclusive - tot
+    # exclusive as the inclusive sum shifted by one chunk, not inclusive - tot: huge finite log decays (-3e38) sum
+    # to -inf, and -inf - (-inf) is NaN
+    exclusive = torch.cat([torch.zeros_like(inclusive[:, :1]), inclusive[:, :-1]], 1)
+    return (exclusive, inclusive[:, -1]) if with_total else exclusive
 
 
 def entry_forward(q, g, E, o, scale, carry, out=None, dot=None):
@@ -284,7 +287,8 @@ def entry_backward_e(q, g, E, dc, scale, carry, need_e, need_g, dot=None):
     db_carry = None
     if need_g:
         tot = tot.sum(0)
-        db_carry = tot.sum(1, keepdim=True) - _cumsum_chunks(tot)  # Σ over the later chunks
+        later = _cumsum_chunks(tot.flip(1)).flip(1)  # Σ from each chunk on, then shifted: Σ over the later chunks
+        db_carry = torch.cat([later[:, 1:], torch.zeros_like(later[:, :1])], 1)
     return dE, db_carry
 
 
