@@ -118,7 +118,11 @@ def test_normalized_triton_varlen(one_thread, monkeypatch):
     errs = compare(lambda h0, **x: ula.normalized_linear_attention(**x, initial_state=h0, output_final_state=True,
                                                                    cu_seqlens=cu, chunk_size=16, backend="triton"),
                    lambda h0, a, b, **x: per_sequence(ref_normalized, cu, x, dict(a=a, b=b), h0), inp)
+    # da, db: one number per head summed over all 47 steps, whose terms cancel; 60 seeds gave at most 5.4e-5 (da),
+    # seed 923778867 gives 1.21e-4: held to 1e-3, as the suite's other sums of cancelling terms (test_extreme.py)
+    sums = {k: errs.pop(k) for k in ("da", "db")}
     check(errs, seed)
+    check(sums, seed, tol=1e-3)
 
 
 @pytest.mark.parametrize("b", ["head", "float"])
