@@ -236,6 +236,17 @@ def test_key_gate(kind, reverse, varlen, backend):
     _check(errs, seed)
 
 
+def test_key_gate_reference_backend_half_precision():
+    """backend="reference" with bfloat16 inputs and a key gate: the gate is folded into k in float32 after the
+    checks (a wide k beside bfloat16 q failed the dtype check); within bf16 output rounding of the float64 call."""
+    seed = fresh_seed()
+    q, k, v = (torch.randn(1, 20, 2, 16).bfloat16() for _ in range(3))
+    u = torch.randn(1, 20, 2) - 0.5
+    o, _ = ula.linear_attention(q, k, v, key_gate=u, backend="reference")
+    o64, _ = reference_linear_attention(q.double(), k.double() * u.double().exp().unsqueeze(-1), v.double())
+    assert o.dtype == torch.bfloat16 and rel(o, o64) < 4e-3, (seed, rel(o, o64))
+
+
 @pytest.mark.parametrize("K,V", [(16, 24), (129, 12), (8, 200)])
 @pytest.mark.parametrize("decay", ["none", "per-head", "per-sequence", "per-feature", "right"])
 def test_fused_step(decay, K, V):

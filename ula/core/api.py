@@ -52,9 +52,6 @@ def linear_attention(q, k, v, ld=None, rd=None, *, scale=None, initial_state=Non
                                    output_final_state=output_final_state, cu_seqlens=cu_seqlens,
                                    chunk_size=chunk_size, backend=backend, reverse=reverse, precision=precision,
                                    key_gate=key_gate)
-    if key_gate is not None and backend == "reference":  # the reference computes in float64: gated keys stay wide
-        check_linear_attention(q, k, v, ld, rd, scale, initial_state, cu_seqlens, chunk_size, backend, key_gate)
-        k, key_gate = gated_keys(k, key_gate, keep_wide=True), None
     check_linear_attention(q, k, v, ld, rd, scale, initial_state, cu_seqlens, chunk_size, backend, key_gate)
     check_flag("linear_attention", "output_final_state", output_final_state)
     check_flag("linear_attention", "reverse", reverse)
@@ -62,6 +59,8 @@ def linear_attention(q, k, v, ld=None, rd=None, *, scale=None, initial_state=Non
     cu_seqlens = one_sequence_as_batch(q, cu_seqlens)
     scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
     if backend == "reference":
+        if key_gate is not None:  # folded into k, kept wide: the reference computes in float64
+            k = gated_keys(k, key_gate, keep_wide=True)
         o, S = reference_linear_attention(q, k, v, ld, rd, scale=scale, initial_state=initial_state,
                                           output_final_state=output_final_state, cu_seqlens=cu_seqlens,
                                           reverse=reverse)

@@ -130,8 +130,11 @@ class _Tie(torch.autograd.Function):
 
 def gather(x, group, differentiable):
     """x [n] of every rank of `group` -> [R, n] in rank order; differentiable: through `_AllGather` (the backward
-    runs a collective on every rank), else a plain all-gather."""
-    return _AllGather.apply(x, group) if differentiable else _gather_plain(x, group)
+    runs a collective on every rank, so it is differentiable even where x is not, e.g. where only an initial state
+    that starts no piece on this rank requires grad), else a plain all-gather."""
+    if not differentiable:
+        return _gather_plain(x, group)
+    return _AllGather.apply(x if x.requires_grad else x.detach().requires_grad_(), group)
 
 
 def tie(x, anchor):
@@ -467,8 +470,6 @@ def cp_linear_attention(q, k, v, ld=None, rd=None, *, cp_group, scale=None, init
     if rows.shape[0] < nrows:
         rows = torch.cat([rows, rows.new_zeros((nrows - rows.shape[0],) + tuple(rows.shape[1:]))])
     buf = torch.cat([rows.reshape(-1), L0.reshape(-1), R0.reshape(-1)])
-    if needs_grad and not buf.requires_grad:  # e.g. only initial_state requires grad, and it starts no piece here
-        buf = buf.detach().requires_grad_()  # every rank's backward must reach the collective
     G = gather(buf, cp_group, needs_grad)
     n_st = nrows * Bs * H * K * V
     G_rows = G[:, :n_st].view(R, nrows, Bs, H, K, V)
@@ -493,6 +494,9 @@ def cp_linear_attention(q, k, v, ld=None, rd=None, *, cp_group, scale=None, init
 
     # 4. the correction of this rank's entry piece by the state that enters it
     Ein = E_in[rank]
+
+    def spliced(x, piece):  # x with the entry piece's rows [a0, b0) replaced by piece
+        return piece if (a0, b0) == (0, T) else torch.cat([x[:, :a0], piece, x[:, b0:]], 1)
     if ones:
         o, den = o
     if Ein is not None:
@@ -501,12 +505,12 @@ def cp_linear_attention(q, k, v, ld=None, rd=None, *, cp_group, scale=None, init
             Ein, E_n = Ein[..., :-1], Ein[..., -1:]
             piece = add_entry_term(den[:, a0:b0].unsqueeze(-1), qe[:, a0:b0], gl[:, a0:b0] if gl is not None else None,
                                    None, E_n, scale, False, backend, wide=True)[..., 0]
-            den = piece if (a0, b0) == (0, T) else torch.cat([den[:, :a0], piece, den[:, b0:]], 1)
+            den = spliced(den, piece)
         piece = add_entry_term(o[:, a0:b0], qe[:, a0:b0], gl[:, a0:b0] if gl is not None else None,
                                rd[:, a0:b0] if rd is not None else None, Ein, scale, reverse, backend)
         if box is not None:
             box.value = _entering_rows(Ein, h0_loc if varlen else None, len(pieces), me["entry"])
-        o = piece if (a0, b0) == (0, T) else torch.cat([o[:, :a0], piece, o[:, b0:]], 1)
+        o = spliced(o, piece)
     if needs_grad:
         o = tie(o, G)
         if initial_state is not None and initial_state.requires_grad and not any(me["starts"]):

@@ -56,12 +56,12 @@ def _generic(q, k, v, ld, scale, initial_state, output_final_state, kw):
     return o[..., :V], o[..., V], (None if S is None else (S[..., :V], S[..., V]))
 
 
-def fast_path(q, v, ld, backend, cp_group):
+def fast_path(q, v, ld, backend):
     """Whether the call takes the Triton kernels that keep the column implicit (under torch.compile too, as custom
     ops: the explicit column's output and gradient are rounded to v's dtype, and in half precision the dQ and dK
     passes' terms of the column nearly cancel v's: mLSTMexp's bf16 gradients were 5-7e-2 from float64)."""
     K, V = q.shape[-1], v.shape[-1]
-    return (cp_group is None and runs_triton(backend, q.device) and q.dtype != torch.float64
+    return (runs_triton(backend, q.device) and q.dtype != torch.float64
             and (ld is None or ld.dim() in (1, 3)) and _pad_to_16(K) == 0 and _pad_to_16(V) == 0)
 
 
@@ -69,11 +69,8 @@ def linear_attention_with_ones(q, k, v, ld=None, *, scale=None, initial_state=No
                                cu_seqlens=None, chunk_size=None, backend="auto", key_gate=None, cp_group=None):
     """linear_attention(q, k, [v, 1], ld, ...) as (o, den, final (S, n) or None); initial_state (S0, n0) or None.
     Same arguments as ula.linear_attention (left decay only, forward)."""
-    if cp_group is not None:
-        from .context_parallel import raised_everywhere
-        with raised_everywhere(cp_group, "linear_attention_with_ones"):  # a failure raises on every rank
-            _check_pair(initial_state, output_final_state)
-    else:
+    from .context_parallel import raised_everywhere  # (here: that module imports this one)
+    with raised_everywhere(cp_group, "linear_attention_with_ones"):  # with cp_group: a failure raises on every rank
         _check_pair(initial_state, output_final_state)
     if cp_group is not None:  # the state [S | n] across the ranks, each rank's slice on the path below
         from .context_parallel import cp_linear_attention
@@ -81,7 +78,7 @@ def linear_attention_with_ones(q, k, v, ld=None, *, scale=None, initial_state=No
                                    output_final_state=output_final_state, cu_seqlens=cu_seqlens,
                                    chunk_size=chunk_size, backend=backend, key_gate=key_gate, ones=True)
     kw = dict(cu_seqlens=cu_seqlens, chunk_size=chunk_size, backend=backend, key_gate=key_gate)
-    if not fast_path(q, v, ld, backend, cp_group):
+    if not fast_path(q, v, ld, backend):
         return _generic(q, k, v, ld, scale, initial_state, output_final_state, kw)
     S0, n0 = (None, None) if initial_state is None else initial_state
     check_linear_attention(q, k, v, ld, None, scale, S0, cu_seqlens, chunk_size, backend, key_gate)

@@ -217,7 +217,7 @@ class CausalLM(nn.Module):
     def _context_parallel(self):
         """Whether a mixer runs with a cp_group: a one-token slice then takes the chunk path with the others (the
         recurrent step would neither join their collectives nor get the earlier ranks' state)."""
-        return any(getattr(m, "cp_group", None) is not None for m in self.modules())
+        return any(b.mixer.cp_group is not None for b in self.blocks)  # per block, not every module: a decoding path
 
     def step(self, token_ids, cache=None):
         """One token per row, token_ids [B] -> (logits [B, vocab], StateCache). A StaticStateCache is

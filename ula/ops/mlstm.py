@@ -286,8 +286,6 @@ def _mlstm_exp_cp(q, k, v, i, f, eps, initial_state, group, kw):
                         torch.stack(first)], -1)
     nrows = max(len(p["pieces"]) for p in plans)
     buf = torch.cat([rows.reshape(-1), rows.new_zeros((nrows - Np) * Bs * H * 3)])
-    if needs_grad and not buf.requires_grad:
-        buf = buf.detach().requires_grad_()  # every rank's backward must reach the collective
     G = cp.gather(buf, group, needs_grad).view(R, nrows, Bs, H, 3)
 
     # the scan over ranks and pieces: m entering this rank's pieces, and each sequence's final m

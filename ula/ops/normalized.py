@@ -171,7 +171,7 @@ def normalized_linear_attention(q, k, v, a=1.0, b=1.0, *, qk_l2_norm=True, eps=1
     S0 = initial_state
     init = None if S0 is None else (S0[:, :, :K, :V].contiguous(), S0[:, :, :K, V].contiguous())
     z0, c0 = (None, None) if S0 is None else (S0[:, :, K, :V], S0[:, :, K, V])
-    if triton and fast_path(q, v, None, backend, None):
+    if triton and fast_path(q, v, None, backend):
         # a float b is the core's scale, and with it the L2 norm's backward is formed by the core's dQ and dK passes
         # where a row fits one tile (ula/ops/_normalized_fused.py)
         from ..core.triton.output import project_fits
