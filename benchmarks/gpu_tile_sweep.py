@@ -56,6 +56,10 @@ SWEEP = {
     "ones_output": (None, "OUTPUT", ["default", "64,64,64,4", "64,32,128,4", "32,64,128,4", "64,64,128,8",
                                      "128,64,128,8", "64,128,128,8", "128,64,64,4"], None),
     "chunks": (None, "STATE", ["default"], (64, 128, 256)),
+    # session 40, H200: GLA's f+b at 1.008x fla chunk_gla's (0.93-0.95x on the H100): its per-feature launches
+    "vec_output_h200": (None, "OUTPUT_VEC", ["default", "32,32,128,8", "16,32,128,4", "32,64,128,4", "32,32,128,4,2",
+                                             "32,32,128,4,3"], None),
+    "vec_state_h200": (None, "STATE", ["128,64,64,4", "128,32,64,8", "128,64,128,8", "128,64,64,8,2"], None),
 }
 
 

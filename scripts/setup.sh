@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Set-up on a fresh machine: a local virtual environment with what ula needs, then ula itself (editable).
-# torch comes from the CPU wheel (torch==2.13.0) when none is importable; triton==3.6.0 runs the kernels'
-# tests through its interpreter on machines without a GPU.
+# torch==2.13.0 when none is importable in .venv, from pip's configured index (a CPU wheel on the CI machines, whose pip
+# finds one on disk; PyPI's Linux wheel is the CUDA build); triton==3.6.0 (Linux only: Triton has no other wheels)
+# runs the kernels' tests through its interpreter on machines without a GPU, and they are skipped without it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
@@ -12,12 +13,16 @@ fi
 VPY="$PWD/.venv/bin/python"
 pipi() { "$VPY" -m pip install -q --disable-pip-version-check "$@"; }
 if ! "$VPY" -c "import torch" 2>/dev/null; then
-  echo "[setup] installing torch==2.13.0 (CPU wheel)"
+  echo "[setup] installing torch==2.13.0"
   pipi torch==2.13.0
 fi
 if ! "$VPY" -c "import triton" 2>/dev/null; then
-  echo "[setup] installing triton==3.6.0 (for the interpreter tests)"
-  pipi triton==3.6.0
+  if [ "$(uname -s)" = Linux ]; then
+    echo "[setup] installing triton==3.6.0 (for the interpreter tests)"
+    pipi triton==3.6.0
+  else
+    echo "[setup] no Triton wheel for $(uname -s): the kernels' tests will be skipped (ula runs on the PyTorch path)"
+  fi
 fi
 missing=$("$VPY" - <<'PYEOF'
 import importlib.util as u

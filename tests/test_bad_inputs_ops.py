@@ -315,3 +315,52 @@ def test_core_flags_and_precision_checked_on_every_backend(over, arg, backend):
     with pytest.raises((TypeError, ValueError)) as e:
         ula.linear_attention(a["q"], a["k"], a["v"], backend=backend, **over)
     assert _named(str(e.value), arg), str(e.value)
+
+
+def test_session40_messages():
+    """Messages found lacking by session 40's audit of the docs: each says what was given and what to do."""
+    import numpy as np
+    a = GOOD["linear_attn"]()
+    q, k, v = a["q"], a["k"], a["v"]
+    with pytest.raises(ValueError, match=r"numpy\.int64: pass a Python int"):
+        ula.linear_attention(q, k, v, chunk_size=np.int64(64))
+    with pytest.raises(TypeError, match=r"numpy\.float32: pass a Python float"):
+        ula.linear_attention(q, k, v, scale=np.float32(0.5))
+    with pytest.raises(ValueError, match=r"got 'fastest'"):
+        ula.linear_attention(q, k, v, precision="fastest")
+    with pytest.raises(RuntimeError, match=r"init_process_group first\), got int"):
+        ula.linear_attention(q, k, v, cp_group=1)
+    t = GOOD["mlstm_step"]()
+    with pytest.raises(TypeError, match=r"pass variant='sig'"):
+        ula.mlstm_step(t["q"], t["k"], t["v"], t["i"], t["f"], "sig")
+    with pytest.raises(TypeError, match=r"float64 too with float64"):
+        ula.linear_attention(q.double(), k.double(), v.double(), initial_state=torch.zeros(B, H, K, V).bfloat16())
+
+
+def test_reference_checks_its_inputs():
+    """ula.reference_linear_attention is public: bad inputs raise as the core's do (they gave silent zeros)."""
+    q = torch.randn(2, 12, 1, 4)
+    with pytest.raises(ValueError, match="B == 1"):
+        ula.reference_linear_attention(q, q, q, cu_seqlens=torch.tensor([0, 5, 12]))
+    with pytest.raises(ValueError, match="cu_seqlens"):
+        ula.reference_linear_attention(q[:1], q[:1], q[:1], cu_seqlens=torch.tensor([0, 5, 9]))
+    with pytest.raises(ValueError, match="ld"):
+        ula.reference_linear_attention(q, q, q, torch.ones(1))
+
+
+@pytest.mark.parametrize("fn", ["linear_attn_step", "gla_step", "mlstm_step", "gsa_step"])
+def test_steps_refuse_empty_widths(fn):
+    a = GOOD[fn]()
+    a["q"], a["k"] = a["q"][..., :0], a["k"][..., :0]
+    for name in ("g",):
+        if name in a and a[name].shape[-1] == K:
+            a[name] = a[name][..., :0]
+    with pytest.raises(ValueError, match="K, V >= 1"):
+        getattr(ula.ops, fn)(**a)
+
+
+def test_gsa_refuses_zero_slots():
+    a = GOOD["gsa"]()
+    a["g"] = a["g"][..., :0]
+    with pytest.raises(ValueError, match="m >= 1 slots"):
+        ula.ops.gsa(**a)

@@ -112,3 +112,16 @@ def test_step_decoding(family):
     }
     chunk_op, step_op, per_token = cases[family]
     assert _decode(chunk_op, step_op, per_token, T0=21) <= 1e-5, seed
+
+
+@pytest.mark.parametrize("given,want", [(None, "accurate"), ("fast", "fast"), (("own_block",), ("own_block",))])
+def test_gla_precision_default(monkeypatch, given, want):
+    """precision=None is GLA's measured default, "accurate" (as None is each op's default elsewhere), not the core's."""
+    import sys
+    gla_module = sys.modules["ula.ops.gla"]  # the module (ula.ops.gla is the function)
+    seen = []
+    real = gla_module.linear_attention
+    monkeypatch.setattr(gla_module, "linear_attention", lambda *a, **kw: seen.append(kw["precision"]) or real(*a, **kw))
+    q = torch.randn(1, 5, 1, 4)
+    ula.gla(q, q, q, _gate(1, 5, 1, 4), precision=given)
+    assert seen == [want]

@@ -36,13 +36,13 @@ CALLS = {
 @pytest.mark.parametrize("name", sorted(CALLS))
 def test_reference_backend_takes_the_recurrence(name, monkeypatch):
     calls = []
-    real = api.reference_linear_attention
+    real = api.recurrence
 
     def counted(*a, **kw):
         calls.append(1)
         return real(*a, **kw)
 
-    monkeypatch.setattr(api, "reference_linear_attention", counted)
+    monkeypatch.setattr(api, "recurrence", counted)
     q, k, v, x = _inputs()
     for t in (q, k, v):
         t.requires_grad_(True)

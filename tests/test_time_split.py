@@ -121,6 +121,9 @@ def test_which_calls_split(monkeypatch):
     assert seg(q, v, ld, None, None, False, "torch", 64) == 1  # the PyTorch backend
     assert seg(q, v, ld, None, None, False, "triton", 256) == 1  # 128-step segments hold no whole 256-step chunk
     assert seg(q.double(), v.double(), ld, None, None, False, "triton", 64) == 1  # float64 (the PyTorch path)
+    wide_v, vec = torch.zeros(1, 256, 2, 272), torch.zeros(1, 256, 2, 16)
+    assert seg(q, wide_v, vec, None, None, False, "triton", 64) == 1  # a decay per feature over V > 256 features
+    assert seg(q, wide_v, ld, None, None, False, "triton", 64) == 2  # V > 256 with a decay per step splits
     monkeypatch.setattr(time_split, "_FORCED", None)
     assert seg(q, v, ld, None, None, False, "triton", 64) == 1  # off CUDA the heuristic never splits
 
@@ -185,3 +188,14 @@ def test_split_with_huge_finite_log_decays(monkeypatch, counted):
     assert counted == [2]
     errs = {n: rel(b, a) for n, a, b in zip(("o", "S", "dq", "dk", "dv", "dld", "dh0"), res[None], res["2"])}
     check(errs, seed)
+
+
+def test_no_split_for_a_decay_per_feature_over_256_values(monkeypatch, counted):
+    """A vector decay with K <= 256 < V takes no split (its calls of 256 features cannot take a split's entering
+    state: a split chosen for it raised a ValueError); forward and gradients against the reference."""
+    monkeypatch.setattr(time_split, "_FORCED", "2")
+    seed = fresh_seed()
+    q, k, v, ld, _, _ = make_inputs("vector", False, 1, 256, 1, 16, 272, h0=False)
+    op = lambda *a, **kw: ula.linear_attention(*a, chunk_size=64, backend="triton", **kw)  # noqa: E731
+    check(compare_with_reference(op, (q, k, v, _mild(ld), None, None)), seed)
+    assert counted == []

@@ -119,6 +119,23 @@ def test_set_cp_group_names_the_mixer():
         set_cp_group(model, object())
 
 
+def test_set_cp_group_needs_a_group_and_names_the_mixers_that_can():
+    from ula.layers._base import set_cp_group
+    from ula.models import CausalLM, LMConfig
+    with pytest.raises(ValueError, match="the mixers that can: gla, mlstm_exp, mlstm_sig"):
+        set_cp_group(CausalLM(LMConfig(d_model=32, n_layers=1, n_heads=2, mixer="linear")), object())
+    with pytest.raises(TypeError, match="ProcessGroup or None, got object"):
+        set_cp_group(CausalLM(LMConfig(d_model=32, n_layers=1, n_heads=2, mixer="gla")), object())
+
+
+def test_layer_errors_name_the_layer():
+    from ula.layers import GLALayer, MLSTMLayer
+    with pytest.raises(ValueError, match="^MLSTMLayer: variant"):
+        MLSTMLayer(16, 2, variant="exponential")
+    with pytest.raises(ValueError, match="^GLALayer: backend"):
+        GLALayer(16, 2, backend="cuda")
+
+
 def test_set_cp_group_refuses_the_demo_token_shift():
     """The demo's token shift reads the previous token, which lies on another rank for a slice's first one."""
     from ula.demo.model import demo_model

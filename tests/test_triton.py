@@ -4,6 +4,7 @@ K != V (non-powers of two by masking), chunk sizes 16..256, both directions, sta
 Without a GPU the kernels run through Triton's interpreter (tests/conftest.py), so shapes stay small."""
 import pytest
 import torch
+import torch.nn.functional as F
 
 pytest.importorskip("triton")
 
@@ -84,6 +85,48 @@ def test_decayed_widths_over_256(kind, right, K, V, reverse, varlen):
     inputs = _on(make_inputs(kind, right, 1 if varlen else 2, T, 1, K, V, N=3 if varlen else None))
     kw = dict(cu_seqlens=torch.tensor([0, 5, 21, T], device=DEVICE)) if varlen else {}
     _check(compare_with_reference(_triton(16), inputs, reverse=reverse, **kw), seed)
+
+
+@pytest.mark.parametrize("kind,reverse", [("scalar", False), ("constant", True)])
+def test_transposed_q_with_right_decay(kind, reverse):
+    """q a transposed view of a [B, H, T, K] tensor, with a decay per step and a right decay: the left decay's
+    gradient, formed from q ⊙ dq on the host in q's layout, was read as [B, T, H] rows (d ld 16x off)."""
+    seed = fresh_seed()
+    q, k, v, ld, rd, h0 = _on(make_inputs(kind, True, 2, 21, 2, 16, 16))
+    q = q.transpose(1, 2).contiguous().transpose(1, 2)  # the same values in [B, H, T, K] storage
+    assert not q.is_contiguous()
+    _check(compare_with_reference(_triton(16), (q, k, v, ld, rd, h0), reverse=reverse), seed)
+
+
+@pytest.mark.parametrize("right", [False, True])
+def test_h200_state_tiles(monkeypatch, right):
+    """The state kernel's K tiles of 32 that an H200 takes for decays per feature (`narrow_on_h200`, forced here):
+    K = 128 walked as four tiles of 32 (two otherwise), against the float64 reference, forward and gradients."""
+    from ula.core.triton import state
+    monkeypatch.setattr(state, "narrow_on_h200", lambda *args: True)
+    tiles = record_launches(monkeypatch, lambda kernel, w, cx, s: cx["BK"] if kernel is state._state_kernel else None)
+    seed = fresh_seed()
+    inputs = _on(make_inputs("vector", right, 1, 41, 2, 128, 80))
+    _check(compare_with_reference(_triton(16), inputs, reverse=right), seed)
+    assert tiles and set(tiles) == {32}, tiles
+
+
+def test_h200_state_tiles_choice(monkeypatch):
+    """Which state calls take them: tf32 matmuls (GLA's default precision), decays per feature, no split along T,
+    between sms / 2 and sms programs, on an H200; B2 H16 K=V=128 has 128 programs on 132 multiprocessors."""
+    from ula.core.triton import state, utils
+    assert not utils.is_h200(torch.device("cpu"))
+    cuda = torch.device("cuda", 0)
+    monkeypatch.setattr(state, "is_h200", lambda device: True)
+    pick = state.narrow_on_h200
+    assert pick(utils.DOT_TF32, True, 1, 128, 132, cuda)
+    assert pick(utils.DOT_TF32, True, 1, 67, 132, cuda) and not pick(utils.DOT_TF32, True, 1, 66, 132, cuda)
+    assert not pick(utils.DOT_TF32, True, 1, 133, 132, cuda)
+    assert not pick(utils.DOT_BF16, True, 1, 128, 132, cuda)  # HGRN2's bfloat16 matmuls: slower narrowed
+    assert not pick(utils.DOT_TF32, False, 1, 128, 132, cuda)
+    assert not pick(utils.DOT_TF32, True, 2, 128, 132, cuda)
+    monkeypatch.setattr(state, "is_h200", lambda device: False)
+    assert not pick(utils.DOT_TF32, True, 1, 128, 132, cuda)
 
 
 @pytest.mark.parametrize("kind,chunk", [("scalar", 128), ("scalar", 256), ("vector", 128), ("vector", 256),
@@ -451,3 +494,41 @@ def test_compiled_launch_path_reuses_its_kernel(monkeypatch):
     assert runs[0][:6] == (5, 2, 1, "stream", "fn", "meta") and runs[0][9:] == (buf, 1, 64, True), runs[0]
     utils.launch(k, (3,), buf, 1.0, num_warps=4, BLOCK=64, FLAG=True)
     assert len(compiles) == 2 and len(runs) == 1
+
+
+@pytest.mark.parametrize("op", ["core", "mlstm_sig", "mlstm_exp", "normalized"])
+def test_second_derivative_raises_on_the_kernels(op):
+    """The kernels' gradients carry no graph: with create_graph=True the first derivatives are right, and a second
+    one raises instead of coming back partial (mLSTMsig's d/dq of dL/di was 0, its d/di 123% off)."""
+    torch.manual_seed(fresh_seed())
+    q, k, v = (torch.randn(1, 20, 2, 16, device=DEVICE, requires_grad=True) for _ in range(3))
+    i, f = (torch.randn(1, 20, 2, device=DEVICE, requires_grad=True) for _ in range(2))
+    ld = F.logsigmoid(torch.randn(1, 20, 2, device=DEVICE) + 2).requires_grad_()
+    run = {"core": lambda: ula.linear_attention(q, k, v, ld, chunk_size=16, backend="triton")[0],
+           "mlstm_sig": lambda: ula.mlstm(q, k, v, i, f, "sig", chunk_size=16, backend="triton")[0],
+           "mlstm_exp": lambda: ula.mlstm(q, k, v, i, f, "exp", chunk_size=16, backend="triton")[0],
+           "normalized": lambda: ula.normalized_linear_attention(q, k, v, chunk_size=16, backend="triton")[0]}[op]
+    wrt = (q, k, v) + ((ld,) if op == "core" else (i, f) if op.startswith("mlstm") else ())
+    first = torch.autograd.grad(run().square().sum(), wrt)
+    again = torch.autograd.grad(run().square().sum(), wrt, create_graph=True)
+    assert all(torch.equal(a, b) for a, b in zip(first, again))
+    with pytest.raises(RuntimeError, match="differentiate twice"):
+        sum(g.sum() for g in again).backward()
+
+
+@pytest.mark.parametrize("op", ["mlstm_exp", "abc"])
+def test_strided_cu_seqlens_on_the_family_kernels(op):
+    """A strided cu_seqlens (every second element of a longer tensor) read by mLSTMexp's gate kernels and ABC's
+    softmax kernels as an array: it corrupted memory; now the same as a contiguous copy."""
+    torch.manual_seed(fresh_seed())
+    T = 37
+    cu = torch.tensor([0, 99, 11, 99, 20, 99, T], device=DEVICE)[::2]
+    q, k, v = (torch.randn(1, T, 2, 16, device=DEVICE) for _ in range(3))
+    if op == "mlstm_exp":
+        i, f = torch.randn(1, T, 2, device=DEVICE), torch.randn(1, T, 2, device=DEVICE)
+        run = lambda c: ula.mlstm(q, k, v, i, f, "exp", cu_seqlens=c, chunk_size=16, backend="triton")[0]  # noqa
+    else:
+        w = torch.randn(1, T, 2, 8, device=DEVICE)
+        run = lambda c: ula.abc(q, k, v, w, cu_seqlens=c, chunk_size=16, backend="triton")[0]  # noqa
+    assert not cu.is_contiguous()
+    assert torch.equal(run(cu), run(cu.contiguous()))

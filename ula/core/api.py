@@ -8,7 +8,7 @@ from . import precision as _precision
 from . import time_split
 from .checks import check_flag, check_linear_attention
 from .op import run
-from .reference import reference_linear_attention
+from .reference import recurrence
 
 
 def one_sequence_as_batch(q, cu_seqlens):
@@ -61,9 +61,8 @@ def linear_attention(q, k, v, ld=None, rd=None, *, scale=None, initial_state=Non
     if backend == "reference":
         if key_gate is not None:  # folded into k, kept wide: the reference computes in float64
             k = gated_keys(k, key_gate, keep_wide=True)
-        o, S = reference_linear_attention(q, k, v, ld, rd, scale=scale, initial_state=initial_state,
-                                          output_final_state=output_final_state, cu_seqlens=cu_seqlens,
-                                          reverse=reverse)
+        o, S = recurrence(q, k, v, ld, rd, scale=scale, initial_state=initial_state,
+                          output_final_state=output_final_state, cu_seqlens=cu_seqlens, reverse=reverse)
         # the final state as the other backends return it: float32, float64 for float64 inputs
         sd = torch.float64 if q.dtype == torch.float64 else torch.float32
         return o.to(device=v.device, dtype=v.dtype), (None if S is None else S.to(q.device, sd))

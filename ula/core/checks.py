@@ -1,5 +1,6 @@
 """Input checks for the public ops: every error names the argument, what it got and what it needs."""
 import math
+import numbers
 
 import torch
 
@@ -44,7 +45,15 @@ def check_scale(scale, op=None):
         return
     if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(scale):
         raise TypeError(f"{op + ': ' if op else ''}scale must be a finite number or None (None means K ** -0.5), "
-                        f"got {short_repr(scale)}")
+                        f"got {short_repr(scale)}{_python_number_hint(scale, 'float')}")
+
+
+def _python_number_hint(x, kind):
+    """For a number of another type (a NumPy or 0-d tensor scalar): which Python type to pass instead."""
+    if isinstance(x, numbers.Number) and not isinstance(x, (bool, int, float)) or (
+            isinstance(x, torch.Tensor) and x.dim() == 0):
+        return f" (a {type(x).__module__}.{type(x).__name__}: pass a Python {kind}, {kind}(x))"
+    return ""
 
 
 def check_flag(op, name, x):
@@ -113,7 +122,8 @@ def check_linear_attention(q, k, v, ld, rd, scale, initial_state, cu_seqlens, ch
             raise ValueError(f"initial_state must be {what} = {(N, H, K, V)}, got {tuple(initial_state.shape)}")
         allowed = (torch.float32, torch.float64) if q.dtype == torch.float64 else (torch.float32,)
         if initial_state.dtype not in allowed:
-            raise TypeError(f"initial_state must be float32 (states are kept in float32), got {initial_state.dtype}")
+            raise TypeError(f"initial_state must be float32 (states are kept in float32; float64 too with float64 "
+                            f"inputs), got {initial_state.dtype}")
         check_device("initial_state", initial_state, q.device)
     check_chunk_backend(chunk_size, backend)
     check_key_gate(key_gate, q)
@@ -123,7 +133,7 @@ def check_chunk_backend(chunk_size, backend):
     if chunk_size is not None and (isinstance(chunk_size, bool) or not isinstance(chunk_size, int)
                                    or chunk_size < 16 or chunk_size > 1024 or chunk_size & (chunk_size - 1)):
         raise ValueError(f"chunk_size must be None (chosen per backend) or a power of two from 16 to 1024, "
-                         f"got {short_repr(chunk_size)}")
+                         f"got {short_repr(chunk_size)}{_python_number_hint(chunk_size, 'int')}")
     if not isinstance(backend, str) or backend not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}, got {short_repr(backend)}")
 

@@ -367,7 +367,8 @@ def cp_linear_attention(q, k, v, ld=None, rd=None, *, cp_group, scale=None, init
     the terms of the column and of v nearly cancel in dq where |den| is small (mLSTMexp on 2 H200s, signed q, k:
     dq 0.17-0.55 from float32 against one GPU's 3.3e-2)."""
     if not (dist.is_available() and dist.is_initialized()):
-        raise RuntimeError("cp_group needs an initialized torch.distributed process group")
+        raise RuntimeError("cp_group needs an initialized torch.distributed process group "
+                           f"(torch.distributed.init_process_group first), got {type(cp_group).__name__}")
     if not isinstance(cp_group, dist.ProcessGroup):
         raise TypeError(f"cp_group must be a torch.distributed ProcessGroup, got {type(cp_group).__name__}")
     R, rank = dist.get_world_size(cp_group), dist.get_rank(cp_group)

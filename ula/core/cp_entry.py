@@ -12,6 +12,7 @@ plain expression kept float32 copies of the whole slice from the forward to the 
 (tensor cores, float32 accumulation), as the core's own inter-chunk term reads its bfloat16 border states (not
 float16: a state can exceed its range)."""
 import torch
+from torch.autograd.function import once_differentiable
 
 from .backends import runs_triton
 from .time_scan import scan_time
@@ -107,6 +108,7 @@ class _EntryTermTriton(torch.autograd.Function):
         return entry_forward(q, gl, E, o, scale, carry, dot=ctx.dot)
 
     @staticmethod
+    @once_differentiable  # kernels' gradients carry no graph: a second derivative raises
     def backward(ctx, dout):
         from .triton.entry import entry_backward
         q, gl, E, carry = ctx.saved_tensors

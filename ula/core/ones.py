@@ -14,6 +14,7 @@ linear_attention on [v, 1]."""
 from typing import List, Optional, Tuple
 
 import torch
+from torch.autograd.function import once_differentiable
 from torch import Tensor
 
 from . import precision
@@ -168,6 +169,7 @@ class _OnesFn(torch.autograd.Function):
         return f["o"], f["den"], f["S"], f["n"]
 
     @staticmethod
+    @once_differentiable  # kernels' gradients carry no graph: a second derivative raises
     def backward(ctx, do, dden, dS, dn):
         q, k, v, ld, u, S0, n0 = ctx.saved_tensors
         scale, cu_seqlens, C, prec = ctx.cfg

@@ -11,6 +11,7 @@ import contextlib
 from typing import List, Optional, Tuple
 
 import torch
+from torch.autograd.function import once_differentiable
 from torch import Tensor
 
 from . import precision
@@ -162,7 +163,16 @@ class _Eager(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, do, dS, do_keep):
+        # create_graph=True on the Triton kernels: their gradients carry no graph, so a second derivative raises (the
+        # PyTorch path's backward is made of differentiable ops and stays twice differentiable)
+        if torch.is_grad_enabled() and runs_triton(ctx.cfg[3], ctx.saved_tensors[0].device):
+            return _grads_once(ctx, do, dS, do_keep)
         return _grads(ctx, do, dS, do_keep, _backward_impl)
+
+
+@once_differentiable
+def _grads_once(ctx, do, dS, do_keep):
+    return _grads(ctx, do, dS, do_keep, _backward_impl)
 
 
 def run(q, k, v, ld, rd, h0, cu_seqlens, scale, reverse, chunk_size, backend, kg=None, prec=""):

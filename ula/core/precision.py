@@ -26,6 +26,7 @@ def parse(value, what="precision"):
     """A preset name, a comma-separated string or an iterable of PARTS -> a sorted tuple of parts; None -> None."""
     if value is None:
         return None
+    given = value
     if isinstance(value, str):
         if value in PRESETS:
             return tuple(sorted(PRESETS[value]))
@@ -36,7 +37,7 @@ def parse(value, what="precision"):
         parts = None
     if parts is None or any(p not in PARTS for p in parts):
         raise ValueError(f"{what} must be one of {tuple(PRESETS)}, parts from {PARTS} (a list or a comma-separated "
-                         f"string), or None for each op's default; got {value!r}")
+                         f"string), or None for each op's default; got {given!r}")
     return parts
 
 

@@ -8,6 +8,8 @@ Autograd through these plain ops gives the reference gradients.
 """
 import torch
 
+from .checks import check_linear_attention
+
 
 def _expand(x, B, T, H, D):
     """Log decay of any accepted shape -> float64 [B, T, H, D]."""
@@ -39,9 +41,19 @@ def _one_sequence(q, k, v, ld, rd, S, reverse):
 
 def reference_linear_attention(q, k, v, ld=None, rd=None, *, scale=None, initial_state=None,
                                output_final_state=False, cu_seqlens=None, reverse=False):
-    """Float64 step-by-step recurrence on the CPU. Same arguments and layout as `ula.linear_attention`.
+    """Float64 step-by-step recurrence on the CPU. The arguments and layout of `ula.linear_attention`, checked the
+    same way, except key_gate (fold it into k: k · exp(key_gate)), chunk_size, backend, cp_group and precision.
 
     Returns (o float64 [B, T, H, V], final state float64 [B or N, H, K, V] or None)."""
+    check_linear_attention(q, k, v, ld, rd, scale, initial_state, cu_seqlens, None, "reference")
+    return recurrence(q, k, v, ld, rd, scale=scale, initial_state=initial_state, output_final_state=output_final_state,
+                      cu_seqlens=cu_seqlens, reverse=reverse)
+
+
+def recurrence(q, k, v, ld=None, rd=None, *, scale=None, initial_state=None, output_final_state=False,
+               cu_seqlens=None, reverse=False):
+    """reference_linear_attention without its checks, for the reference backend (ula/core/api.py), which checks the
+    call itself and then folds a key gate into k (k may then be wider than q)."""
     B, T, H, K = q.shape
     V = v.shape[-1]
     scale = K ** -0.5 if scale is None else scale

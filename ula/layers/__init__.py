@@ -29,6 +29,8 @@ MIXERS = {
     "softmax": SoftmaxAttentionLayer,
 }
 LINEAR_MIXERS = tuple(n for n in MIXERS if n != "softmax")
+# the mixers whose ops take a cp_group (set_cp_group, ula train --context-parallel)
+CP_MIXERS = tuple(n for n, c in MIXERS.items() if getattr(getattr(c, "func", c), "context_parallel", False))
 
 
 def build_mixer(name, d_model, n_heads, **kwargs):

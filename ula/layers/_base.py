@@ -117,7 +117,10 @@ class Mixer(nn.Module):
         for name, x in (("d_model", d_model), ("n_heads", n_heads)):
             if isinstance(x, bool) or not isinstance(x, int) or x < 1:
                 raise ValueError(f"{type(self).__name__}: {name} must be a positive int, got {x!r}")
-        check_chunk_backend(chunk_size, backend)
+        try:
+            check_chunk_backend(chunk_size, backend)
+        except (TypeError, ValueError) as e:
+            raise type(e)(f"{type(self).__name__}: {e}") from None
     context_parallel = False  # True where the layer's op takes a cp_group (see set_cp_group)
     cp_group = None
 
@@ -160,8 +163,13 @@ def set_cp_group(module, group):
     # a mixer whose op takes no cp_group, or another module that reads across time (the demo's token shift)
     bad = sorted({type(m).__name__ for m in module.modules() if getattr(m, "context_parallel", True) is False})
     if group is not None and bad:
+        from . import CP_MIXERS
         raise ValueError(f"{', '.join(bad)} cannot run with context parallelism (a cp_group): it mixes tokens "
-                         "across the slices' boundaries without one")
+                         f"across the slices' boundaries without one; the mixers that can: {', '.join(CP_MIXERS)}")
+    import torch.distributed as dist
+    if group is not None and not isinstance(group, dist.ProcessGroup):
+        raise TypeError(f"set_cp_group: group must be a torch.distributed ProcessGroup or None, got "
+                        f"{type(group).__name__}")
     for m in mixers:
         m.cp_group = group
 

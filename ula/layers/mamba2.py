@@ -46,12 +46,12 @@ class Mamba2Layer(Mixer):
         y = y + self.D.to(y.dtype)[:, None] * x
         return self.out_proj(self.norm(merge_heads(y) * swish(z)))
 
-    def forward(self, u, state=None, cu_seqlens=None):
-        z, x, B, C, dt, A = self._inputs(u)
-        y, S = mamba2(C, B, x, dt, A, initial_state=state, **self._kw(cu_seqlens))
-        return self._output(y, x, z), S
+    def forward(self, x, state=None, cu_seqlens=None):
+        z, xh, B, C, dt, A = self._inputs(x)
+        y, S = mamba2(C, B, xh, dt, A, initial_state=state, **self._kw(cu_seqlens))
+        return self._output(y, xh, z), S
 
-    def step(self, u, state=None):
-        z, x, B, C, dt, A = self._inputs(u)
-        y, S = mamba2_step(C, B, x, dt, A, state)
-        return self._output(y, x, z), S
+    def step(self, x, state=None):
+        z, xh, B, C, dt, A = self._inputs(x)
+        y, S = mamba2_step(C, B, xh, dt, A, state)
+        return self._output(y, xh, z), S

@@ -23,7 +23,7 @@ class MLSTMLayer(Mixer):
                  chunk_size=None, backend="auto"):
         super().__init__(d_model, n_heads, chunk_size, backend)
         if variant not in ("exp", "sig"):
-            raise ValueError(f"variant must be 'exp' or 'sig', got {variant!r}")
+            raise ValueError(f"MLSTMLayer: variant must be 'exp' or 'sig', got {variant!r}")
         self.d_model, self.n_heads, self.variant = d_model, n_heads, variant
         self.d_v = int(d_model * expand_v)
         check_divisible("d_v", self.d_v, n_heads, f"int(d_model · expand_v) = int({d_model} · {expand_v})")

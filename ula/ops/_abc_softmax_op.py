@@ -14,6 +14,7 @@ shapes, and Inductor's FX graph cache keys a graph on the graph, not on what a f
 from typing import List, Optional, Tuple
 
 import torch
+from torch.autograd.function import once_differentiable
 from torch import Tensor
 
 from ..core.custom_ops import define_pair, fake_like, or_empty
@@ -30,6 +31,7 @@ class _CumulativeSoftmax(torch.autograd.Function):
         return phi, zT
 
     @staticmethod
+    @once_differentiable  # kernels' gradients carry no graph: a second derivative raises
     def backward(ctx, gphi, gzT):
         phi, w, z0, cu = ctx.saved_tensors
         dw, dz0 = backward(phi, w, z0, cu, gphi, gzT, ctx.w_dtype)
@@ -81,7 +83,7 @@ def _dry(w, z0, cu, grad):
 
 def cumulative_softmax(w, z0, cu_seqlens):
     """(φ [B, T, H, m] float32, z_T [N, H, m] float32) as gsa.py's `_cumulative_softmax`, on the kernels."""
-    cu = None if cu_seqlens is None else cu_seqlens.to(w.device)
+    cu = None if cu_seqlens is None else cu_seqlens.to(w.device).contiguous()  # the kernels read it as an array
     if torch.compiler.is_compiling():
         return tuple(_softmax_fwd(w, z0, cu))
     if w.is_cuda:  # a new configuration's six kernels compiled in parallel before its first run

@@ -89,6 +89,8 @@ def check_step_qkv(op, q, k, v, *, k_name="k", scale=None):
         if x.dtype != q.dtype:
             raise TypeError(f"{op}: {name} must have the dtype of q ({q.dtype}), got {x.dtype}")
         check_device(name, x, q.device, op)
+    if 0 in tuple(q.shape) or v.shape[-1] == 0:
+        raise ValueError(f"{op}: q, {k_name}, v need B, H, K, V >= 1, got q {tuple(q.shape)} and v {tuple(v.shape)}")
 
 
 def check_step_state(op, state, shape, what="[B, H, K, V]", name="state", *, device):

@@ -8,6 +8,7 @@ F.normalize's forward and backward are ~8 PyTorch kernels per tensor, most of th
 read and write whole [B, T, H, K] tensors; here each tensor is read once forward (written once) and x, dy read
 once backward (dx written), and q and k share one launch forward."""
 import torch
+from torch.autograd.function import once_differentiable
 import triton
 import triton.language as tl
 
@@ -103,6 +104,7 @@ class _L2NormFn(torch.autograd.Function):
         return unit_pair(q, k, eps)
 
     @staticmethod
+    @once_differentiable  # kernels' gradients carry no graph: a second derivative raises
     def backward(ctx, dq, dk):
         q, k = ctx.saved_tensors
         dq = None if dq is None else _backward(q, dq.contiguous(), ctx.eps)

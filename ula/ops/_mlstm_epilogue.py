@@ -22,6 +22,7 @@ Layout: one program per (block of BT steps, head, batch row), the whole V of the
 g in one pass); o, dh, den, m read through their strides (the generic core path gives slices), h, do, dden, dm
 written contiguous in the dtypes of o, o, den, m."""
 import torch
+from torch.autograd.function import once_differentiable
 import triton
 import triton.language as tl
 
@@ -113,6 +114,7 @@ class _EpilogueFn(torch.autograd.Function):
         return h
 
     @staticmethod
+    @once_differentiable  # kernels' gradients carry no graph: a second derivative raises
     def backward(ctx, dh):
         o, den, m = ctx.saved_tensors
         B, T, H, V = o.shape

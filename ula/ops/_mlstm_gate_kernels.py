@@ -69,6 +69,7 @@ index; 1/2 each; clamp_min's >=), so the gradients agree on ties too (tested wit
 The forward sums F in a different order from torch.cumsum, so two y within rounding of each other may rank
 differently from the PyTorch code: a set of inputs of measure zero."""
 import torch
+from torch.autograd.function import once_differentiable
 import triton
 import triton.language as tl
 
@@ -531,6 +532,7 @@ class _ExpGates(torch.autograd.Function):
         return ldp, logw, m, mT
 
     @staticmethod
+    @once_differentiable  # kernels' gradients carry no graph: a second derivative raises
     def backward(ctx, gldp, glogw, gm, gmT):
         f, code, cu = ctx.saved_tensors
         di, df, dm0 = _backward(f, code, cu, gldp, glogw, gm, gmT, ctx.m0, ctx.i_dtype)
@@ -550,7 +552,8 @@ def mlstm_exp_gates(i, f, m0=None, cu_seqlens=None, out_dtype=torch.float64):
     """The gates of mLSTMexp for the core, as `ula.ops.mlstm._exp_gates` computes them (same values up to
     rounding, the same gradients): i, f [B, T, H] (any float dtype, B == 1 with cu_seqlens [N + 1]); m0 [N, H]
     or None. Returns ld', logw [B, T, H] in out_dtype, m [B, T, H] and m_T [N, H] float64."""
-    cu = None if cu_seqlens is None else cu_seqlens.to(i.device)  # the core takes cu_seqlens on any device
+    # the core takes cu_seqlens on any device; the kernels read it as a contiguous array
+    cu = None if cu_seqlens is None else cu_seqlens.to(i.device).contiguous()
     m0 = None if m0 is None else m0.contiguous()
     if torch.compiler.is_compiling():  # the same kernels as a custom op, opaque to the trace
         from ._mlstm_gate_op import gates_fwd

@@ -21,6 +21,7 @@ scan of them (its total is dz0), then one kernel per (chunk, head) that recomput
 writes do, dden and dv (reads dout, o, v). The whole V of a head is one tile (rows in blocks), so the sum over V
 of dden needs no second pass."""
 import torch
+from torch.autograd.function import once_differentiable
 import triton
 import triton.language as tl
 
@@ -384,6 +385,7 @@ class _EpilogueFn(torch.autograd.Function):
         return out
 
     @staticmethod
+    @once_differentiable  # kernels' gradients carry no graph: a second derivative raises
     def backward(ctx, dout, dzT=None):
         o, den, v, a, c0, carry_f = ctx.saved_tensors
         layout, a_val, eps, has_a, has_z0 = ctx.cfg

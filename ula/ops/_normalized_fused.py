@@ -23,6 +23,7 @@ As an epilogue after the core (session 16, two Functions) this cost a forward ke
 K=V=128 on an H100), the backward's dv of the a part and its add to the core's dv (0.062 ms) and two chunk-sum
 passes (benchmarks/results/profile_normalized_h100_session16.txt)."""
 import torch
+from torch.autograd.function import once_differentiable
 
 from ..core import precision
 from ..core.ones import _ones_backward, _ones_forward
@@ -54,6 +55,7 @@ class _NormalizedFn(torch.autograd.Function):
         return out, S, n, zT
 
     @staticmethod
+    @once_differentiable  # kernels' gradients carry no graph: a second derivative raises
     def backward(ctx, dout, dS, dn, dzT):
         v, a, S0, n0, c0, *saved = ctx.saved_tensors
         dq, dk, dv, da, dS0, dn0, dz0, dc0 = _backward(v, a, S0, n0, c0, *saved, dout, dS, dn, dzT, *ctx.cfg,

@@ -8,7 +8,8 @@
 | `hgrn2` | 1 − λ_t | vector λ_t | HGRN2, MetaLA |
 
 GLA (vector decay) is `ula.gla`, mLSTM / xLSTM (scalar decay) is `ula.mlstm`.
-Every op returns (o, final state) and has a `*_step` twin for decoding one token at a time."""
+Every op returns (o, final state) and has a `*_step` twin for decoding one token at a time; the keyword arguments
+initial_state, output_final_state, cu_seqlens, chunk_size, backend (and scale) are those of `ula.linear_attention`."""
 
 import torch
 

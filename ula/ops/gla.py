@@ -14,13 +14,14 @@ from ._common import _step, decay_dtype
 
 
 def gla(q, k, v, g, *, scale=None, initial_state=None, output_final_state=False, cu_seqlens=None,
-        chunk_size=None, backend="auto", cp_group=None, precision="accurate"):
+        chunk_size=None, backend="auto", cp_group=None, precision=None):
     """q, k [B, T, H, K]; v [B, T, H, V]; g [B, T, H, K] log forget gate (<= 0).
     precision: the core's matmul precision for half-precision inputs ("fast", "accurate", parts; see
-    ula/core/precision.py); `ula.set_precision` overrides it.
+    ula/core/precision.py); None: GLA's measured default, "accurate"; `ula.set_precision` overrides it.
     cp_group: context parallelism over a torch.distributed group (see ula/core/context_parallel.py).
     scale defaults to K ** -0.5. States [B, H, K, V] float32 ([N, H, K, V] with cu_seqlens).
-    Returns (o [B, T, H, V], final state or None)."""
+    Returns (o [B, T, H, V], final state or None).
+    initial_state, output_final_state, cu_seqlens, chunk_size, backend: as in `ula.linear_attention`."""
     with raised_everywhere(cp_group, "gla"):  # with cp_group: a check failing here raises on every rank
         check_sequence(q, k, v, None if cp_group is not None else cu_seqlens, chunk_size, backend, scale)
         check_float("gla", "g", g, q.shape, "[B, T, H, K] (log forget gate, the shape of q)", device=q.device,
@@ -28,7 +29,8 @@ def gla(q, k, v, g, *, scale=None, initial_state=None, output_final_state=False,
         parse(precision, "gla: precision")
     return linear_attention(q, k, v, g.to(decay_dtype(q)), scale=scale, initial_state=initial_state,
                             output_final_state=output_final_state, cu_seqlens=cu_seqlens,
-                            chunk_size=chunk_size, backend=backend, cp_group=cp_group, precision=precision)
+                            chunk_size=chunk_size, backend=backend, cp_group=cp_group,
+                            precision="accurate" if precision is None else precision)
 
 
 def gla_step(q, k, v, g, state=None, *, scale=None):

@@ -40,6 +40,8 @@ def _check_gsa(op, q, v, s, g, state, N, dim, step, n_state=2, s_name="s"):
         raise ValueError(f"{op}: {name} must be {what} (m slots) with {what[1:-4]} = {lead} as in q, "
                          f"got shape {tuple(ref.shape)}")
     m = ref.shape[-1]
+    if m == 0:
+        raise ValueError(f"{op}: {name} must be {what} with m >= 1 slots, got shape {tuple(ref.shape)}")
     if s is not None:  # ABC's logits finite: a -inf at a sequence's first step has no softmax (0 / 0)
         check_float(op, s_name, s, lead + (m,), what + " (m slots)", device=q.device, finite=s_name == "w" and not step)
     if g is not None:
@@ -96,7 +98,8 @@ def gsa(q, k, v, s=None, g=None, *, scale=None, initial_state=None, output_final
     precision: the core's matmul precision for half-precision inputs in both passes (ula/core/precision.py;
     `ula.set_precision` overrides it); None takes PASS_PRECISION, each pass its own measured parts.
     chunk_size: both passes'; None takes SMALL_M_CHUNKS (pass 1, pass 2) for m <= 64 slots, the core's otherwise.
-    Returns (o [B, T, H, V], final state tuple or None)."""
+    Returns (o [B, T, H, V], final state tuple or None).
+    initial_state, output_final_state, cu_seqlens, chunk_size, backend: as in `ula.linear_attention`."""
     check_sequence(q, k, v, cu_seqlens, chunk_size, backend, scale)
     _check_gsa("gsa", q, v, s, g, initial_state, num_sequences(q, cu_seqlens), "B" if cu_seqlens is None else "N",
                False)
@@ -182,7 +185,8 @@ def abc(q, k, v, w, *, scale=None, initial_state=None, output_final_state=False,
     """ABC with the paper's write strengths (Eq. 3-4): φ_t = exp(w_t) / Σ_{j<=t} exp(w_j) per slot, from finite slot
     logits w [B, T, H, m], then `gsa(q, k, v, s=φ, g=None)`. The cumulative softmax restarts with each
     sequence; its running log-normalizer log Σ exp(w) [B, H, m] is a third state (None = nothing before).
-    States (K̃ᵀ, Ṽ, log Σ exp w). Returns (o, final state tuple or None)."""
+    States (K̃ᵀ, Ṽ, log Σ exp w). Returns (o, final state tuple or None).
+    initial_state, output_final_state, cu_seqlens, chunk_size, backend: as in `ula.linear_attention`."""
     check_sequence(q, k, v, cu_seqlens, chunk_size, backend, scale)
     _check_gsa("abc", q, v, w, None, initial_state, num_sequences(q, cu_seqlens), "B" if cu_seqlens is None else "N",
                False, 3, "w")

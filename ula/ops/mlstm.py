@@ -164,7 +164,8 @@ def mlstm(q, k, v, i, f, variant="exp", *, eps=1e-6, scale=None, initial_state=N
     variant "exp" (exponential input gate, max and normalizer states) or "sig" (sigmoid input gate).
     scale defaults to K ** -0.5 (the paper's q / sqrt(d_qk)); eps only matters for "exp".
     States: "sig" C [B, H, K, V]; "exp" a tuple (C [B, H, K, V], n [B, H, K], m [B, H]), float32
-    ([N, ...] with cu_seqlens). Returns (h [B, T, H, V], final state or None)."""
+    ([N, ...] with cu_seqlens). Returns (h [B, T, H, V], final state or None).
+    initial_state, output_final_state, cu_seqlens, chunk_size, backend: as in `ula.linear_attention`."""
     with raised_everywhere(cp_group, "mlstm"):  # with cp_group: a check failing here raises on every rank
         _check_variant("mlstm", variant)
         check_number("mlstm", "eps", eps, nonneg=True, what=" (0 is Eq. 4 exactly)")
@@ -310,7 +311,11 @@ def _mlstm_exp_cp(q, k, v, i, f, eps, initial_state, group, kw):
 
 def mlstm_step(q, k, v, i, f, state=None, variant="exp", *, eps=1e-6, scale=None):
     """One decoding step: q, k [B, H, K], v [B, H, V], i, f [B, H]; state as returned by `mlstm`
-    (or None for zeros). Returns (h [B, H, V], new state)."""
+    (or None for zeros). Returns (h [B, H, V], new state). The state comes before the variant (`mlstm` takes the
+    variant sixth): pass variant by name."""
+    if isinstance(state, str):
+        raise TypeError(f"mlstm_step: state got {state!r}, a variant: the state comes before the variant here "
+                        f"(mlstm_step(q, k, v, i, f, state, variant)); pass variant={state!r}")
     _check_variant("mlstm_step", variant)
     check_number("mlstm_step", "eps", eps, nonneg=True, what=" (0 is Eq. 4 exactly)")
     check_step_qkv("mlstm_step", q, k, v, scale=scale)

@@ -150,7 +150,9 @@ def normalized_linear_attention(q, k, v, a=1.0, b=1.0, *, qk_l2_norm=True, eps=1
     q, k [B, T, H, K]; v [B, T, H, V]; a, b floats or tensors ([] or [H], learnable: gradients flow) on the
     device of q (a 0-d CPU tensor is also taken, and moved there). No `scale` argument: b is the scale of q·k.
     initial_state / final state [B, H, K+1, V+1] float32 (see the module docstring for its layout).
-    Returns (o [B, T, H, V], final state or None).
+    Returns (o [B, T, H, V], final state or None). qk_l2_norm: q and k each divided by its L2 norm over K first
+    (Eq. 22, as F.normalize); eps: the least magnitude of the denominator. output_final_state, cu_seqlens,
+    chunk_size, backend: as in `ula.linear_attention`.
     Precision: with bf16 / fp16 inputs the backward reads the stored output (as FlashAttention's does), and the
     gradient of `a` is a difference of two sums near each other (Σ dnum·Z against Σ dnum·out·C): it carries the
     output's rounding amplified: 1e-2 to 1e-1 of its largest element against float64 at T=29, H=2 (db 3e-3 to

@@ -24,14 +24,14 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from ..layers import MIXERS
+from ..layers import CP_MIXERS
 from ..layers._base import set_cp_group
 from .errors import ConfigError
 
 
 def cp_mixers():
     """The mixers of ula.layers.MIXERS that can run context-parallel (their ops take a cp_group)."""
-    return tuple(n for n, c in MIXERS.items() if getattr(getattr(c, "func", c), "context_parallel", False))
+    return CP_MIXERS
 
 
 def slice_bounds(T, n):

@@ -117,5 +117,7 @@ def log_decay_grad_triton(a, da, x, dx, sign, X, layout, shape):
         products = tuple(t.contiguous() for t in (a, da, x, dx))
         return decay_grad_from_terms(None, X, sign, shape, T, layout.C, X.shape[2], bounds=bounds,
                                      products=products)
-    db = (a.float() * da.float() - x.float() * dx.float()).unsqueeze(0)
+    # contiguous: the product takes the layout of a strided input (q transposed from [B, H, T, K]), the kernel reads
+    # [B, T, H, D] rows
+    db = (a.float() * da.float() - x.float() * dx.float()).contiguous().unsqueeze(0)
     return decay_grad_from_terms(db, X, sign, shape, T, layout.C, X.shape[2], bounds=bounds)

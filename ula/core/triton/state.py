@@ -10,8 +10,8 @@ import triton
 import triton.language as tl
 
 from .state_join import join_segments
-from .utils import (DOT_BF16, DOT_BF16_EMULATED, alloc, block, cdiv, head_bases, is_tuned, launch, mm, multiprocessors,
-                    operand, round_bf16, stages_of, tuned, tuned_here, warps_for)
+from .utils import (DOT_BF16, DOT_BF16_EMULATED, DOT_TF32, alloc, block, cdiv, head_bases, is_h200, is_tuned, launch,
+                    mm, multiprocessors, operand, round_bf16, stages_of, tuned, tuned_here, warps_for)
 
 
 @triton.jit
@@ -361,6 +361,15 @@ def _state_kernel(k, v, b, c, u, h0, border, final, partner, X, n0, n_border, n_
         _store_n(z_final + (i_n.to(tl.int64) * H + i_h) * V, vc, zs, z_ok, SPLIT)
 
 
+def narrow_on_h200(dot, per_feature, NS, programs, sms, device):
+    """Whether the state kernel takes K tiles of 32 on an H200: its matmuls in tf32 (GLA's default precision) with
+    decays per feature, no split along T and about one program per multiprocessor at the default tiles; then two per
+    multiprocessor. B2 T8192 H16 K=V=128, 128 programs: GLA f+b 3.11 -> 2.94 ms, but HGRN2 (bfloat16 matmuls) 3.31 ->
+    3.34-3.40 (results/pending40_h200_session40_part2.log); the H100 was faster with the wider tile (session 9). Fewer
+    programs are the split's (`segments`, ula/core/time_split.py)."""
+    return (dot == DOT_TF32 and per_feature and NS == 1 and sms < 2 * programs <= 2 * sms and is_h200(device))
+
+
 # (steps, K tile, V tile, warps) of the state kernel, unless tuned or narrowed below (ula/core/time_split.py counts
 # its programs with them too)
 STATE_TILES = (128, 64, 64, 8)
@@ -404,6 +413,9 @@ def chunk_states(k, v, b, c, h0, layout, reverse, dot, state_dtype=torch.float32
     sms = multiprocessors(k.device)
     one_per_step = b is not None and b.shape[-1] == 1 and c is None
     if BK > 32 and not is_tuned("state") and (2 * programs <= sms or (one_per_step and programs <= 2 * sms)):
+        BK = 32
+    if BK > 32 and not is_tuned("state") and narrow_on_h200(dot, (b is not None and b.shape[-1] > 1) or c is not None,
+                                                            NS, programs, sms, k.device):
         BK = 32
     # a small state (GSA's m = 64 slots on one side) under one program per multiprocessor: 32 x 32 tiles at 4
     # warps, four times the programs (H100 B2 T8192 H16 GSA f+b, chunk 64: 5.21 -> 4.99 ms; chunk 128: 4.77,
