@@ -158,7 +158,7 @@ def set_cp_group(module, group):
     """Context parallelism for every token mixer in `module` (a model or a mixer): `forward` then takes this
     rank's contiguous slice of T, the ranks of the torch.distributed `group` holding the slices in rank order
     (ula/core/context_parallel.py); None turns it off. `step` (decoding) is unaffected. Raises ValueError,
-    naming the mixers, where one cannot (before changing any)."""
+    naming the mixers, where one cannot, and TypeError for a group that is no ProcessGroup (before changing any)."""
     mixers = [m for m in module.modules() if isinstance(m, Mixer)]
     # a mixer whose op takes no cp_group, or another module that reads across time (the demo's token shift)
     bad = sorted({type(m).__name__ for m in module.modules() if getattr(m, "context_parallel", True) is False})
