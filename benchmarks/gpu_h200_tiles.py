@@ -1,4 +1,4 @@
-"""The H200's own tile choices (ula/core/triton/utils.is_h200) against the H100's, in one process, in turn: forward+
+"""The H200's own tile choices (ula/core/backends.is_h200) against the H100's, in one process, in turn: forward+
 backward medians of CUDA-graph replays and peak memory per op, bf16, B2 T8192 H16 K=V=128 (or --shape), two rounds.
 
     python3 benchmarks/gpu_h200_tiles.py [--ops gla,gsa,hgrn2] [--rounds 2]   # prints one JSON line per measurement"""
@@ -13,7 +13,7 @@ import triton
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 from ula.bench import families  # noqa: E402
 from ula.bench.measure import graph_times, measure  # noqa: E402
-from ula.core.triton import utils  # noqa: E402
+from ula.core import backends  # noqa: E402
 
 
 def main():
@@ -24,7 +24,7 @@ def main():
     a = ap.parse_args()
     dev = torch.device("cuda")
     print(json.dumps(dict(device=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
-                          is_h200=utils.is_h200(dev), shape=a.shape)), flush=True)
+                          is_h200=backends.is_h200(dev), shape=a.shape)), flush=True)
     shape = tuple(int(x) for x in a.shape.split(","))
     for op in a.ops.split(","):
         torch.manual_seed(0)
@@ -32,7 +32,7 @@ def main():
         outs = {}
         for r in range(a.rounds):
             for tiles in ("h100", "h200"):
-                utils._H200[torch.cuda.current_device()] = tiles == "h200"
+                backends._H200[torch.cuda.current_device()] = tiles == "h200"
                 with torch.no_grad():
                     outs[tiles] = fn(*args).float()
                 _, _, mem = measure(fn, args)
@@ -41,7 +41,7 @@ def main():
                                       fwdbwd_graph_ms=round(fb, 4), peak_mib=mem)), flush=True)
         ref = outs["h100"]
         print(json.dumps(dict(op=op, out_diff=((outs["h200"] - ref).norm() / ref.norm()).item())), flush=True)
-    utils._H200.clear()
+    backends._H200.clear()
 
 
 if __name__ == "__main__":

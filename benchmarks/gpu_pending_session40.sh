@@ -1,6 +1,6 @@
 #!/bin/bash
 # Session 40's GPU calls (one H200; run from the repository root with $OUT set):
-#     bash benchmarks/gpu_pending_session40.sh 1   # the H200's own tiles for decays per feature (utils.is_h200):
+#     bash benchmarks/gpu_pending_session40.sh 1   # the H200's own tiles for decays per feature (backends.is_h200):
 #                                                  # against the H100's in turn (gla, gsa, hgrn2); GLA and GSA
 #                                                  # against fla chunk_gla (peers' wheels on PYTHONPATH); the
 #                                                  # smoke; the GPU suite (first form: the output kernel's K tiles

@@ -114,8 +114,9 @@ def test_h200_state_tiles(monkeypatch, right):
 def test_h200_state_tiles_choice(monkeypatch):
     """Which state calls take them: tf32 matmuls (GLA's default precision), decays per feature, no split along T,
     between sms / 2 and sms programs, on an H200; B2 H16 K=V=128 has 128 programs on 132 multiprocessors."""
+    from ula.core import backends
     from ula.core.triton import state, utils
-    assert not utils.is_h200(torch.device("cpu"))
+    assert not backends.is_h200(torch.device("cpu"))
     cuda = torch.device("cuda", 0)
     monkeypatch.setattr(state, "is_h200", lambda device: True)
     pick = state.narrow_on_h200

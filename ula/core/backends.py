@@ -66,6 +66,22 @@ def capability(device):
     return cap
 
 
+_H200 = {}
+
+
+def is_h200(device):
+    """Whether a device is an H200, asked of the driver once per GPU: sm_90 and 132 multiprocessors as the H100, with
+    about 1.4x its memory bandwidth, where a few tile choices measured faster than the H100's (RESULTS.md
+    session 40)."""
+    if device.type != "cuda":
+        return False
+    idx = _index(device)
+    known = _H200.get(idx)
+    if known is None:
+        known = _H200[idx] = "H200" in torch.cuda.get_device_name(idx)
+    return known
+
+
 def _check_gpu(device):
     """Warns once per GPU older than Ampere: the kernels run there, but were tuned for newer GPUs."""
     idx = _index(device)

@@ -129,13 +129,14 @@ def check_linear_attention(q, k, v, ld, rd, scale, initial_state, cu_seqlens, ch
     check_key_gate(key_gate, q)
 
 
-def check_chunk_backend(chunk_size, backend):
+def check_chunk_backend(chunk_size, backend, op=None):
+    pre = f"{op}: " if op else ""
     if chunk_size is not None and (isinstance(chunk_size, bool) or not isinstance(chunk_size, int)
                                    or chunk_size < 16 or chunk_size > 1024 or chunk_size & (chunk_size - 1)):
-        raise ValueError(f"chunk_size must be None (chosen per backend) or a power of two from 16 to 1024, "
+        raise ValueError(f"{pre}chunk_size must be None (chosen per backend) or a power of two from 16 to 1024, "
                          f"got {short_repr(chunk_size)}{_python_number_hint(chunk_size, 'int')}")
     if not isinstance(backend, str) or backend not in BACKENDS:
-        raise ValueError(f"backend must be one of {BACKENDS}, got {short_repr(backend)}")
+        raise ValueError(f"{pre}backend must be one of {BACKENDS}, got {short_repr(backend)}")
 
 
 def check_key_gate(key_gate, q):

@@ -50,8 +50,9 @@ def segments(q, v, ld, rd, cu_seqlens, reverse, backend, chunk_size, needs_grad=
     gradients only, and of those only where the state kernel would not split them itself (it does at 4 segments or
     more, and was 1-11% faster there: benchmarks/results/state_split_choice_h200_session30.json)."""
     B, T, H, K = q.shape
-    # over 256 features a decay per feature runs as calls of 256 (op.py), which a split's entering state cannot take
-    wide = K > 256 or (ld is not None and ld.dim() == 4 and v.shape[-1] > 256)
+    # K > 256: the entry kernels' limit; a decay per feature over 256 features runs as calls of 256 (op.py), which a
+    # split's entering state cannot take
+    wide = K > 256 or _op._wide_decay(q, v, ld, None, backend)
     if (rd is not None or cu_seqlens is not None or reverse or wide or q.dtype == torch.float64
             or torch.compiler.is_compiling() or not runs_triton(backend, q.device)):
         return 1

@@ -1,5 +1,6 @@
 """Pieces shared by the token mixers: the mixer interface, norms, soft-capping, head reshapes."""
 import torch
+import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 
@@ -117,10 +118,7 @@ class Mixer(nn.Module):
         for name, x in (("d_model", d_model), ("n_heads", n_heads)):
             if isinstance(x, bool) or not isinstance(x, int) or x < 1:
                 raise ValueError(f"{type(self).__name__}: {name} must be a positive int, got {x!r}")
-        try:
-            check_chunk_backend(chunk_size, backend)
-        except (TypeError, ValueError) as e:
-            raise type(e)(f"{type(self).__name__}: {e}") from None
+        check_chunk_backend(chunk_size, backend, type(self).__name__)
     context_parallel = False  # True where the layer's op takes a cp_group (see set_cp_group)
     cp_group = None
 
@@ -166,7 +164,6 @@ def set_cp_group(module, group):
         from . import CP_MIXERS
         raise ValueError(f"{', '.join(bad)} cannot run with context parallelism (a cp_group): it mixes tokens "
                          f"across the slices' boundaries without one; the mixers that can: {', '.join(CP_MIXERS)}")
-    import torch.distributed as dist
     if group is not None and not isinstance(group, dist.ProcessGroup):
         raise TypeError(f"set_cp_group: group must be a torch.distributed ProcessGroup or None, got "
                         f"{type(group).__name__}")

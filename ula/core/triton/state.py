@@ -9,9 +9,10 @@ import torch
 import triton
 import triton.language as tl
 
+from ..backends import is_h200
 from .state_join import join_segments
-from .utils import (DOT_BF16, DOT_BF16_EMULATED, DOT_TF32, alloc, block, cdiv, head_bases, is_h200, is_tuned, launch,
-                    mm, multiprocessors, operand, round_bf16, stages_of, tuned, tuned_here, warps_for)
+from .utils import (DOT_BF16, DOT_BF16_EMULATED, DOT_TF32, alloc, block, cdiv, head_bases, is_tuned, launch, mm,
+                    multiprocessors, operand, round_bf16, stages_of, tuned, tuned_here, warps_for)
 
 
 @triton.jit

@@ -321,21 +321,6 @@ def tuned_here(device):
     return device.type != "cuda" or capability(device)[0] == 9
 
 
-_H200 = {}
-
-
-def is_h200(device):
-    """Whether a CUDA device is an H200, asked once per GPU: sm_90 and 132 multiprocessors as the H100, with about 1.4x
-    its memory bandwidth, where a few tile choices measured faster than the H100's (RESULTS.md session 40)."""
-    if device.type != "cuda":
-        return False
-    idx = device.index if device.index is not None else torch.cuda.current_device()
-    known = _H200.get(idx)
-    if known is None:
-        known = _H200[idx] = "H200" in torch.cuda.get_device_name(idx)
-    return known
-
-
 def set_tuning(kernel, cfg):
     """Override a kernel's tile sizes and warps ("a,b,c,..." in the order of its tuned() defaults); None: back
     to the defaults."""
