@@ -39,4 +39,94 @@ def patch_language_once_per_launch():
         patched.update(langs)
         return scope
     interpreter._patch_lang = patch_once
+    _cache_np_dtypes(interpreter, tl)
+    _lazy_tuple_names(tl)
+    _scans_by_slices(interpreter, tl)
 
+
+def _cache_np_dtypes(interpreter, tl):
+    """The interpreter builds its table of Triton dtype -> numpy dtype anew on every cast, splat and masked load
+    (a tenth of a kernel test's time); build it once. Same lookups, so the same KeyError for a type it lacks."""
+    original = interpreter._get_np_dtype
+    if getattr(original, "_cached", False):
+        return
+    table = {}
+
+    def get_np_dtype(tt_dtype):
+        if isinstance(tt_dtype, tl.pointer_type):
+            return original(tt_dtype)
+        key = tt_dtype.element_ty if isinstance(tt_dtype, tl.block_type) else tt_dtype
+        if isinstance(key, tl.pointer_type):
+            return original(tt_dtype)
+        found = table.get(key)
+        if found is None:
+            found = table[key] = original(key)
+        return found
+    get_np_dtype._cached = True
+    get_np_dtype.original = original
+    interpreter._get_np_dtype = get_np_dtype
+
+
+def _lazy_tuple_names(tl):
+    """Every tensor the interpreter makes builds a tuple of its shape, whose type formats its name string at once
+    (a tenth of a kernel test's time) though only printing reads it; format it when read."""
+    cls = tl.core.tuple_type
+    if isinstance(cls.__dict__.get("name"), property):
+        return
+
+    def __init__(self, types, fields=None):
+        self.types = types
+        self.fields = fields or [''] * len(types)
+
+    def name(self):
+        return '[' + ','.join([f"{k}:{v}" for k, v in zip(self.fields, self.types)]) + ']'
+    cls.__init__ = __init__
+    cls.name = property(name)
+
+
+
+def _scans_by_slices(interpreter, tl):
+    """A scan or reduction with a combine function of the kernel's own (ABC's logsumexp pairs, mLSTMexp's running
+    max) runs element by element in the interpreter, one combine call per element (a fifth of ABC's tests). Run the
+    same left fold along the axis one slice at a time instead: each lane sees the same combines in the same order;
+    Triton's combine functions are elementwise, so they take a slice as they take a scalar."""
+    import numpy as np
+    scan_cls, reduce_cls = interpreter.ScanOps, interpreter.ReduceOps
+    if getattr(scan_cls.generic_scan, "_by_slices", False):
+        return
+
+    def fold(self, input, keep_all):
+        """(outputs per step along the axis if keep_all, else the last step's) of the combine's left fold."""
+        datas = [np.moveaxis(a.handle.data, self.axis, 0) for a in input]
+        dtypes = [a.dtype for a in input]
+        acc = [d[0].copy() for d in datas]
+        outs = [np.empty_like(d) for d in datas] if keep_all else None
+        for i in range(datas[0].shape[0]):
+            if i:
+                got = self.combine_fn.fn(*(self.to_tensor(x, t) for x, t in zip(acc, dtypes)),
+                                         *(self.to_tensor(d[i], t) for d, t in zip(datas, dtypes)))
+                got = got if isinstance(got, tuple) else (got,)
+                acc = [np.broadcast_to(g.handle.data if isinstance(g, tl.core.tensor) else g, a.shape).astype(a.dtype)
+                       for g, a in zip(got, acc)]
+            if keep_all:
+                for o, a in zip(outs, acc):
+                    o[i] = a
+        return [np.moveaxis(o, 0, self.axis) for o in outs] if keep_all else acc
+
+    def generic_scan(self, input):
+        return [self.to_tensor(o, a.dtype) for o, a in zip(fold(self, input, True), input)]
+
+    original_reduce = reduce_cls.generic_reduce
+
+    def generic_reduce(self, input):
+        if self.axis is None or input[0].handle.data.ndim < 2:  # whole-tensor reductions: as Triton does them
+            return original_reduce(self, input)
+        ret = []
+        for r, a in zip(fold(self, input, False), input):
+            ret.append(self.to_tensor(np.expand_dims(r, self.axis) if self.keep_dims else r, a.dtype))
+        return ret
+    generic_scan._by_slices = True
+    generic_scan.original = scan_cls.generic_scan
+    generic_reduce.original = original_reduce
+    scan_cls.generic_scan = generic_scan
+    reduce_cls.generic_reduce = generic_reduce

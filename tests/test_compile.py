@@ -389,8 +389,8 @@ def test_abc_softmax_compiles_under_another_tiling(tmp_path, monkeypatch):
     from ula.core.triton.utils import set_tuning
     from ula.ops.gsa import _cumulative_softmax
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))  # a cache of this test's own
-    monkeypatch.setattr(inductor_config, "compile_threads", 1)
-    monkeypatch.setattr(inductor_config, "fx_graph_cache", True)
+    # (inductor's own patch, not monkeypatch's: pytest's undo deletes a config entry not in the module's __dict__,
+    # which hid fx_graph_cache from later compiles in the same worker)
     seed = fresh_seed()
     w = torch.randn(2, 40, 2, 8).requires_grad_()  # (with a gradient: the backward's inputs are saved)
 
@@ -400,13 +400,14 @@ def test_abc_softmax_compiles_under_another_tiling(tmp_path, monkeypatch):
     want = model(wd, "torch")
     want.backward()
     try:
-        for cfg in (None, "16,4,1,4"):  # the interpreter's default blocks of 8 steps, then 16
-            set_tuning("abc_softmax", cfg)
-            w.grad = None
-            got = torch.compile(model, fullgraph=True)(w)
-            got.backward()
-            assert rel(got, want) < 1e-5 and rel(w.grad, wd.grad) < 1e-5, (cfg, seed)
-            torch._dynamo.reset()
+        with inductor_config.patch(compile_threads=1, fx_graph_cache=True):
+            for cfg in (None, "16,4,1,4"):  # the interpreter's default blocks of 8 steps, then 16
+                set_tuning("abc_softmax", cfg)
+                w.grad = None
+                got = torch.compile(model, fullgraph=True)(w)
+                got.backward()
+                assert rel(got, want) < 1e-5 and rel(w.grad, wd.grad) < 1e-5, (cfg, seed)
+                torch._dynamo.reset()
     finally:
         set_tuning("abc_softmax", None)
         torch._dynamo.reset()

@@ -1,0 +1,69 @@
+"""The suite's interpreter speed-ups (tests/interpreter_speed.py) answer as Triton's own code."""
+import pytest
+
+tl = pytest.importorskip("triton.language")
+import triton  # noqa: E402
+from triton.runtime import interpreter  # noqa: E402
+
+
+def test_cached_np_dtypes_answer_as_the_original():
+    fast = interpreter._get_np_dtype
+    assert getattr(fast, "_cached", False), "conftest's patch_language_once_per_launch did not cache the table"
+    scalars = [tl.int1, tl.float16, tl.bfloat16, tl.float32, tl.float64, tl.int8, tl.uint8, tl.int16, tl.uint16,
+               tl.int32, tl.uint32, tl.int64, tl.uint64, tl.float8e5, tl.float8e4nv]
+    types = scalars + [tl.pointer_type(tl.float32)] + [tl.block_type(t, [4, 8]) for t in scalars]
+    types.append(tl.block_type(tl.pointer_type(tl.bfloat16), [16]))
+    for t in types * 2:  # twice: the second answer comes from the table
+        assert fast(t) == fast.original(t), t
+    with pytest.raises(KeyError):
+        fast(tl.void)
+
+
+def test_tuple_type_names_format_when_read():
+    t = tl.core.tuple_type([tl.int32, tl.float32], ["a", "b"])
+    assert t.name == str(t) == "[a:int32,b:fp32]"
+    assert str(tl.core.tuple_type([tl.int64])) == "[:int64]"
+    assert t == tl.core.tuple_type([tl.int32, tl.float32], ["a", "b"])
+    assert t != tl.core.tuple_type([tl.int32, tl.float32])
+
+
+@triton.jit
+def _pair_max(m1, s1, m2, s2):  # a running (max, count of steps since it was first reached), ties to the later
+    take = m2 >= m1
+    return tl.where(take, m2, m1), tl.where(take, s2, s1 + s2)
+
+
+@triton.jit
+def _scan_kernel(x, out_m, out_s, red_m, red_s, AXIS: tl.constexpr, REV: tl.constexpr, BT: tl.constexpr,
+                 BM: tl.constexpr):
+    offs = tl.arange(0, BT)[:, None] * BM + tl.arange(0, BM)[None, :]
+    v = tl.load(x + offs)
+    m, s = tl.associative_scan((v, tl.full([BT, BM], 1.0, tl.float32)), AXIS, _pair_max, reverse=REV)
+    tl.store(out_m + offs, m)
+    tl.store(out_s + offs, s)
+    rm, rs = tl.reduce((v, tl.full([BT, BM], 1.0, tl.float32)), AXIS, _pair_max, keep_dims=True)
+    roffs = tl.arange(0, BM)[None, :] if AXIS == 0 else tl.arange(0, BT)[:, None]
+    tl.store(red_m + roffs, rm)
+    tl.store(red_s + roffs, rs)
+
+
+@pytest.mark.parametrize("axis,reverse", [(0, False), (1, False), (0, True)])
+def test_scans_by_slices_answer_as_the_element_by_element_scan(axis, reverse):
+    import torch
+    scan_cls, reduce_cls = interpreter.ScanOps, interpreter.ReduceOps
+    assert getattr(scan_cls.generic_scan, "_by_slices", False), "conftest did not patch the scans"
+    x = torch.randint(-3, 4, (8, 4)).float()  # integers: ties everywhere
+    outs = []
+    for scan, reduce in ((scan_cls.generic_scan, reduce_cls.generic_reduce),
+                         (scan_cls.generic_scan.original, reduce_cls.generic_reduce.original)):
+        saved = scan_cls.generic_scan, reduce_cls.generic_reduce
+        scan_cls.generic_scan, reduce_cls.generic_reduce = scan, reduce
+        try:
+            got = [torch.full((8, 4), float("nan")), torch.full((8, 4), float("nan")),
+                   torch.full((8 if axis else 4,), float("nan")), torch.full((8 if axis else 4,), float("nan"))]
+            _scan_kernel[(1,)](x, *got, AXIS=axis, REV=reverse, BT=8, BM=4)
+        finally:
+            scan_cls.generic_scan, reduce_cls.generic_reduce = saved
+        outs.append(got)
+    for a, b in zip(*outs):
+        assert not a.isnan().any() and torch.equal(a, b), (a, b)
