@@ -256,7 +256,7 @@ def test_packed_abc_traces_fullgraph(backend):
         o, (S1, S2, z) = ula.abc(q, k, v, w, cu_seqlens=cu, output_final_state=True, backend=backend)
         return o.square().mean() + S1.sum() + S2.sum() + z.sum()
     compiled = _compiled(model)
-    for bounds in ([0, 13, 40], [0, 30, 40], [0, 5, 22, 40]):
+    for bounds in ([0, 13, 40], [0, 5, 22, 40]):  # boundaries moved, and one sequence more
         _check_as_eager(model, compiled, (q, k, v, w), q, k, v, w, torch.tensor(bounds), what=bounds)
     if backend == "triton":
         cu = torch.tensor([0, 13, 40])
@@ -413,9 +413,11 @@ def test_abc_softmax_compiles_under_another_tiling(tmp_path, monkeypatch):
         torch._dynamo.reset()
 
 
-@pytest.mark.parametrize("backend", ["triton", "torch"])
-@pytest.mark.parametrize("states", [False, True], ids=["", "states"])
-@pytest.mark.parametrize("packed", [False, True], ids=["rows", "packed"])
+# every pair of (rows or packed, with or without states, backend) at least once per op, in 4 of the 8 combinations (the
+# suite's time on a 2-core machine): states with rows on Triton and packed on PyTorch
+@pytest.mark.parametrize("packed,states,backend", [(False, False, "triton"), (True, True, "triton"),
+                                                   (False, True, "torch"), (True, False, "torch")],
+                         ids=["rows-triton", "packed-states-triton", "rows-states-torch", "packed-torch"])
 @pytest.mark.parametrize("name", sorted(_packed_ops()))
 def test_custom_ops_fake_outputs_match_real(name, packed, states, backend):
     """Each ula custom op that an op's compiled forward and backward run returns what its fake function promised
