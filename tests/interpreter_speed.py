@@ -4,10 +4,8 @@ import os
 
 
 def patch_language_once_per_launch():
-    """Triton's interpreter re-patches triton.language at every call of a @triton.jit helper inside a kernel
-    (inspecting hundreds of members each time: about a fifth of the suite's time), though the launch around it
-    has already patched the same modules. Patch each module once per launch. Were a module left unpatched, the
-    helper would fail loudly (the compiler's builder is absent), never pass silently."""
+    """Under TRITON_INTERPRET=1, the four speed-ups below (tests/test_interpreter_speed.py checks them against
+    Triton's own code)."""
     if os.environ.get("TRITON_INTERPRET") != "1":
         return
     try:
@@ -15,9 +13,22 @@ def patch_language_once_per_launch():
         from triton.runtime import interpreter
     except Exception:  # pragma: no cover
         return
+    _patch_lang_once(interpreter)
+    # the rest as well; each leaves a Triton whose interpreter lacks what it replaces as it is
+    _cache_np_dtypes(interpreter, tl)
+    _lazy_tuple_names(tl)
+    _scans_by_slices(interpreter, tl)
+
+
+def _patch_lang_once(interpreter):
+    """Triton's interpreter re-patches triton.language at every call of a @triton.jit helper inside a kernel
+    (inspecting hundreds of members each time: about a fifth of the suite's time), though the launch around it
+    has already patched the same modules. Patch each module once per launch. Were a module left unpatched, the
+    helper would fail loudly (the compiler's builder is absent), never pass silently."""
     patch = getattr(interpreter, "_patch_lang", None)
     if patch is None or not hasattr(interpreter, "_LangPatchScope"):  # pragma: no cover - a Triton before 3.6's
         return  # way of patching (a scope restored at the launch's end): leave it as it is
+    import triton.language as tl
     patched = set()  # ids of the language modules patched in the running launch, empty between launches
 
     class _AlreadyPatched:
@@ -39,16 +50,13 @@ def patch_language_once_per_launch():
         patched.update(langs)
         return scope
     interpreter._patch_lang = patch_once
-    _cache_np_dtypes(interpreter, tl)
-    _lazy_tuple_names(tl)
-    _scans_by_slices(interpreter, tl)
 
 
 def _cache_np_dtypes(interpreter, tl):
     """The interpreter builds its table of Triton dtype -> numpy dtype anew on every cast, splat and masked load
     (a tenth of a kernel test's time); build it once. Same lookups, so the same KeyError for a type it lacks."""
-    original = interpreter._get_np_dtype
-    if getattr(original, "_cached", False):
+    original = getattr(interpreter, "_get_np_dtype", None)
+    if original is None or getattr(original, "_cached", False):
         return
     table = {}
 
@@ -70,9 +78,12 @@ def _cache_np_dtypes(interpreter, tl):
 def _lazy_tuple_names(tl):
     """Every tensor the interpreter makes builds a tuple of its shape, whose type formats its name string at once
     (a tenth of a kernel test's time) though only printing reads it; format it when read."""
-    cls = tl.core.tuple_type
-    if isinstance(cls.__dict__.get("name"), property):
+    import inspect
+    cls = getattr(tl.core, "tuple_type", None)
+    if cls is None or isinstance(cls.__dict__.get("name"), property):
         return
+    if list(inspect.signature(cls.__init__).parameters) != ["self", "types", "fields"]:
+        return  # pragma: no cover - another Triton's tuple type: leave it as it is
 
     def __init__(self, types, fields=None):
         self.types = types
@@ -91,7 +102,9 @@ def _scans_by_slices(interpreter, tl):
     same left fold along the axis one slice at a time instead: each lane sees the same combines in the same order;
     Triton's combine functions are elementwise, so they take a slice as they take a scalar."""
     import numpy as np
-    scan_cls, reduce_cls = interpreter.ScanOps, interpreter.ReduceOps
+    scan_cls, reduce_cls = getattr(interpreter, "ScanOps", None), getattr(interpreter, "ReduceOps", None)
+    if not (hasattr(scan_cls, "generic_scan") and hasattr(reduce_cls, "generic_reduce")):
+        return  # pragma: no cover - another Triton's interpreter: leave it as it is
     if getattr(scan_cls.generic_scan, "_by_slices", False):
         return
 

@@ -7,6 +7,8 @@ from triton.runtime import interpreter  # noqa: E402
 
 
 def test_cached_np_dtypes_answer_as_the_original():
+    if not hasattr(interpreter, "_get_np_dtype"):
+        pytest.skip("this Triton's interpreter has no _get_np_dtype: nothing patched")
     fast = interpreter._get_np_dtype
     assert getattr(fast, "_cached", False), "conftest's patch_language_once_per_launch did not cache the table"
     scalars = [tl.int1, tl.float16, tl.bfloat16, tl.float32, tl.float64, tl.int8, tl.uint8, tl.int16, tl.uint16,
@@ -50,7 +52,9 @@ def _scan_kernel(x, out_m, out_s, red_m, red_s, AXIS: tl.constexpr, REV: tl.cons
 @pytest.mark.parametrize("axis,reverse", [(0, False), (1, False), (0, True)])
 def test_scans_by_slices_answer_as_the_element_by_element_scan(axis, reverse):
     import torch
-    scan_cls, reduce_cls = interpreter.ScanOps, interpreter.ReduceOps
+    scan_cls, reduce_cls = getattr(interpreter, "ScanOps", None), getattr(interpreter, "ReduceOps", None)
+    if not (hasattr(scan_cls, "generic_scan") and hasattr(reduce_cls, "generic_reduce")):
+        pytest.skip("this Triton's interpreter has no generic scan: nothing patched")
     assert getattr(scan_cls.generic_scan, "_by_slices", False), "conftest did not patch the scans"
     x = torch.randint(-3, 4, (8, 4)).float()  # integers: ties everywhere
     outs = []
