@@ -61,10 +61,8 @@ def _cache_np_dtypes(interpreter, tl):
     table = {}
 
     def get_np_dtype(tt_dtype):
-        if isinstance(tt_dtype, tl.pointer_type):
-            return original(tt_dtype)
         key = tt_dtype.element_ty if isinstance(tt_dtype, tl.block_type) else tt_dtype
-        if isinstance(key, tl.pointer_type):
+        if isinstance(key, tl.pointer_type):  # pointers and blocks of them: uint64, as the original says
             return original(tt_dtype)
         found = table.get(key)
         if found is None:
@@ -93,7 +91,6 @@ def _lazy_tuple_names(tl):
         return '[' + ','.join([f"{k}:{v}" for k, v in zip(self.fields, self.types)]) + ']'
     cls.__init__ = __init__
     cls.name = property(name)
-
 
 
 def _scans_by_slices(interpreter, tl):

@@ -23,6 +23,7 @@ def test_cached_np_dtypes_answer_as_the_original():
 
 def test_tuple_type_names_format_when_read():
     t = tl.core.tuple_type([tl.int32, tl.float32], ["a", "b"])
+    assert isinstance(type(t).__dict__.get("name"), property), "conftest did not make tuple names lazy"
     assert t.name == str(t) == "[a:int32,b:fp32]"
     assert str(tl.core.tuple_type([tl.int64])) == "[:int64]"
     assert t == tl.core.tuple_type([tl.int32, tl.float32], ["a", "b"])
@@ -30,7 +31,7 @@ def test_tuple_type_names_format_when_read():
 
 
 @triton.jit
-def _pair_max(m1, s1, m2, s2):  # a running (max, count of steps since it was first reached), ties to the later
+def _pair_max(m1, s1, m2, s2):  # a running (max, steps since it was last reached), ties to the later
     take = m2 >= m1
     return tl.where(take, m2, m1), tl.where(take, s2, s1 + s2)
 
