@@ -36,7 +36,7 @@ for v in "${versions[@]}"; do
   export PYTHONPATH="$dir:$PWD"  # this checkout's ula (not the one the venv installed) with this Triton
   got=$("$VPY" -c 'import triton; print(triton.__version__)')
   start=$SECONDS
-  env -u TRITON_INTERPRET "$VPY" tests/offline_compile.py >"$OUT/compile_$v.txt" 2>&1
+  env -u TRITON_INTERPRET "$VPY" tests/offline_compile.py --all >"$OUT/compile_$v.txt" 2>&1
   n_ok=$(grep -c '^ok' "$OUT/compile_$v.txt")
   n_fail=$(grep -c '^FAIL' "$OUT/compile_$v.txt")
   compiled="compiled for sm_90: $n_ok ok, $n_fail failed ($((SECONDS - start)) s)"
