@@ -174,7 +174,7 @@ def test_packed_mlstm_exp_traces_fullgraph(backend):
         h, (C, n, m) = ula.mlstm(q, k, v, i, f + 3, backend=backend, cu_seqlens=cu, output_final_state=True)
         return h.square().mean() + C.sum() + n.sum() + m.sum()
     compiled = _compiled(model)
-    for bounds in ([0, 13, 40], [0, 30, 40], [0, 5, 22, 40]):
+    for bounds in ([0, 13, 40], [0, 5, 22, 40]):  # boundaries moved, and one sequence more
         _check_as_eager(model, compiled, (q, k, v, i, f), q, k, v, i, f, torch.tensor(bounds), what=bounds)
 
 

@@ -82,7 +82,7 @@ def test_forward_and_gradients(kind, right, case):
 def test_decayed_widths_over_256(kind, right, K, V, reverse, varlen):
     seed = fresh_seed()
     T = 37
-    inputs = _on(make_inputs(kind, right, 1 if varlen else 2, T, 1, K, V, N=3 if varlen else None))
+    inputs = _on(make_inputs(kind, right, 1, T, 1, K, V, N=3 if varlen else None))  # (one row: the widths are the point)
     kw = dict(cu_seqlens=torch.tensor([0, 5, 21, T], device=DEVICE)) if varlen else {}
     _check(compare_with_reference(_triton(16), inputs, reverse=reverse, **kw), seed)
 
@@ -399,10 +399,10 @@ def test_vector_own_block_both_paths(right, reverse):
     60 (output.py OWN_RANGE) and by levels elsewhere. Strong decays (~ -7 per step: a 16-step block spans ~110) in
     the first half of the sequence and mild ones after put both paths in one call, in every pass of the backward."""
     seed = fresh_seed()
-    q, k, v, ld, rd, s0 = make_inputs("vector", right, 2, 75, 2, 16, 24)
-    ld[:, :37] = log_decay((2, 37, 2, 16), strength=-7.0)
+    q, k, v, ld, rd, s0 = make_inputs("vector", right, 1, 75, 2, 16, 24)
+    ld[:, :37] = log_decay((1, 37, 2, 16), strength=-7.0)
     if right:
-        rd[:, 20:50] = log_decay((2, 30, 2, 24), strength=-7.0)
+        rd[:, 20:50] = log_decay((1, 30, 2, 24), strength=-7.0)
     _check(compare_with_reference(_triton(16), _on((q, k, v, ld, rd, s0)), reverse=reverse), seed)
 
 
