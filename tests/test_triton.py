@@ -82,7 +82,8 @@ def test_forward_and_gradients(kind, right, case):
 def test_decayed_widths_over_256(kind, right, K, V, reverse, varlen):
     seed = fresh_seed()
     T = 37
-    inputs = _on(make_inputs(kind, right, 1, T, 1, K, V, N=3 if varlen else None))  # (one row: the widths are the point)
+    # (one batch row: the widths are the point)
+    inputs = _on(make_inputs(kind, right, 1, T, 1, K, V, N=3 if varlen else None))
     kw = dict(cu_seqlens=torch.tensor([0, 5, 21, T], device=DEVICE)) if varlen else {}
     _check(compare_with_reference(_triton(16), inputs, reverse=reverse, **kw), seed)
 
