@@ -44,9 +44,19 @@ def pytest_ignore_collect(collection_path, config):
     return None
 
 
+# the longest tests (minutes on a 2-core machine), run first: xdist gives each worker a first chunk of consecutive
+# tests, then the rest in collection order as workers free up, and one of these handed out last would leave the other
+# workers idle while it runs. First, they run one after another in the first worker's chunk (the process groups of
+# context parallelism not at once) while the other workers take the rest.
+LONG_FIRST = ("test_offline_compile.py::", "test_context_parallel.py::test_context_parallel_equals_single_process",
+              "test_train_cp.py::")
+
+
 def pytest_collection_modifyitems(config, items):
-    """Files named on the command line are collected whatever pytest_ignore_collect says: with ULA_TEST_GPU=1 the
-    tests of those not written for the GPU are skipped (they would send CPU tensors to the compiled kernels)."""
+    """The longest tests first (LONG_FIRST, in its order; the rest in theirs). Files named on the command line are
+    collected whatever pytest_ignore_collect says: with ULA_TEST_GPU=1 the tests of those not written for the GPU
+    are skipped (they would send CPU tensors to the compiled kernels)."""
+    items.sort(key=lambda item: next((i for i, s in enumerate(LONG_FIRST) if s in item.nodeid), len(LONG_FIRST)))
     if os.environ.get("ULA_TEST_GPU") != "1":
         return
     skip = pytest.mark.skip(reason="not written for the GPU: ULA_TEST_GPU=1 runs the files of conftest.GPU_FILES")

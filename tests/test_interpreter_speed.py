@@ -30,6 +30,22 @@ def test_tuple_type_names_format_when_read():
     assert t != tl.core.tuple_type([tl.int32, tl.float32])
 
 
+def test_tuple_types_work_out_when_read():
+    cls = tl.core.tuple
+    assert isinstance(cls.__dict__.get("type"), property), "conftest did not make tuple types lazy"
+    values = [tl.constexpr(4), 3, 2.0, tl.float32]
+    t = cls(values)
+    assert t._type is None  # not worked out yet
+    assert t.type == tl.core._type_for_tuple_values(values)
+    assert str(t.type) == "[:constexpr_type[4],:constexpr_type[3],:constexpr_type[2.0],:constexpr_type[fp32]]"
+    given = tl.core.tuple_type([tl.int32], ["a"])
+    assert cls([tl.constexpr(1)], given).type is given
+    assert cls([tl.constexpr(1)], [tl.int32]).type == tl.core.tuple_type([tl.int32])  # a list: made a tuple type
+    t._setitem(1, tl.constexpr(5))  # Triton's own mutation sets the type anew
+    assert t.type == tl.core._type_for_tuple_values([tl.constexpr(4), 5, 2.0, tl.float32]) != \
+        tl.core._type_for_tuple_values(values)
+
+
 @triton.jit
 def _pair_max(m1, s1, m2, s2):  # a running (max, steps since it was last reached), ties to the later
     take = m2 >= m1
