@@ -418,11 +418,13 @@ def test_abc_softmax_compiles_under_another_tiling(tmp_path, monkeypatch):
 @pytest.mark.parametrize("packed,states,backend", [(False, False, "triton"), (True, True, "triton"),
                                                    (False, True, "torch"), (True, False, "torch")],
                          ids=["rows-triton", "packed-states-triton", "rows-states-torch", "packed-torch"])
-@pytest.mark.parametrize("name", sorted(_packed_ops()))
+@pytest.mark.parametrize("name", sorted(set(_packed_ops()) - {"linear_attn", "mamba2", "hgrn2"}))
 def test_custom_ops_fake_outputs_match_real(name, packed, states, backend):
     """Each ula custom op that an op's compiled forward and backward run returns what its fake function promised
     (shape, dtype), on both paths (Triton: the interpreter, 40 steps cross its blocks of 8), rows and packed, and with
-    an initial state (an eager call's final state, its gradient taken) and the final state in the loss."""
+    an initial state (an eager call's final state, its gradient taken) and the final state in the loss. (Not
+    linear_attn, mamba2 and hgrn2: ula/ops/conveniences.py calls the core's ops on them as core_none, core_scalar and
+    core_vector do, with other q, k and decay values.)"""
     from torch.utils._pytree import tree_leaves, tree_map
     fn = _packed_ops(grad=True)[name]
     kw = dict(cu_seqlens=torch.tensor([0, 13, 40]) if packed else None, backend=backend)
