@@ -264,17 +264,14 @@ def covering(launches):
     return [launch for launch in launches if any(launch is c for c in chosen)]  # (recording order)
 
 
-def _tag(kernel, cx, w, stages):
-    return f"{kernel.fn.__name__} warps={w} stages={stages or 'default'} " + " ".join(f"{k}={v}" for k, v in cx.items())
-
-
 def report(launches, arch=90, out=print, only=None):
     """Compiles every recorded launch (those in only, if given; the others print as "not compiled"); prints one line
     each. Returns the lines of those that failed."""
     failed = []
     for launch in launches:
         kernel, sig, cx, w, attrs, stages = launch
-        tag = _tag(kernel, cx, w, stages)
+        tag = f"{kernel.fn.__name__} warps={w} stages={stages or 'default'} "
+        tag += " ".join(f"{k}={v}" for k, v in cx.items())
         if only is not None and not any(launch is o for o in only):
             out(f"not compiled  {tag}")
             continue

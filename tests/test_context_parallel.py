@@ -54,8 +54,9 @@ def _cases(R):
     # take 4 ranks too, a sequence over all of them and the entry kernels on the middle ranks)
     two = R == 2
     # a constant decay's entry gradient is not added in place (ld is [H]: cp_entry.DeferredGrads.finish)
-    cases += [dict(kind="constant", right=False, reverse=False, varlen=False, B=2, T=61, h0=False, final=False,
-                   backend="triton")] * two
+    if two:
+        cases.append(dict(kind="constant", right=False, reverse=False, varlen=False, B=2, T=61, h0=False, final=False,
+                          backend="triton"))
     # each rank's slice split in two along T on its own device (ula/core/time_split.py, forced): the segments'
     # backward initial states take the slice's entering state, decayed to each segment; equal slices of whole chunks
     for kind in ("vector", "none") if two else ():
@@ -67,13 +68,15 @@ def _cases(R):
     cases.append(dict(op="mlstm_sig", varlen=False, B=2, T=61, h0=True, final=True))
     cases.append(dict(op="mlstm_sig", varlen=[0, 20, 61], B=1, T=61, h0=True, final=True))
     # the input gate as the kernels' own key gate on every rank's local pass (Triton, interpreted)
-    cases += [dict(op="mlstm_sig", varlen=False, B=1, T=61, h0=True, final=True, backend="triton")] * two
-    cases += [dict(op="mlstm_exp", varlen=False, B=1, T=61, h0=True, final=True, backend="triton")] * two
+    if two:
+        cases.append(dict(op="mlstm_sig", varlen=False, B=1, T=61, h0=True, final=True, backend="triton"))
+        cases.append(dict(op="mlstm_exp", varlen=False, B=1, T=61, h0=True, final=True, backend="triton"))
     # a width the Triton path pads (V = 20 -> 32; mLSTMexp's [v, 1] 21 -> 32): the entering state given to the
     # core's backward is padded too (on 2 H200s its bf16 dq on rank 1 was 2.4 from float32 before)
-    cases += [dict(kind="scalar", right=False, reverse=False, varlen=False, B=1, T=61, h0=True, final=True,
-                   backend="triton", V=20)] * two
-    cases += [dict(op="mlstm_exp", varlen=False, B=1, T=61, h0=True, final=True, backend="triton", V=20)] * two
+    if two:
+        cases.append(dict(kind="scalar", right=False, reverse=False, varlen=False, B=1, T=61, h0=True, final=True,
+                          backend="triton", V=20))
+        cases.append(dict(op="mlstm_exp", varlen=False, B=1, T=61, h0=True, final=True, backend="triton", V=20))
     # mLSTMexp: the max state m crosses the ranks too; its initial state is the tuple (C, n, m)
     cu = {2: [0, 9, 20, 45, 61], 4: [0, 3, 7, 30, 50, 61]}[R]
     cases.append(dict(op="mlstm_exp", varlen=False, B=2, T=61, h0=True, final=True))
