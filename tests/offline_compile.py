@@ -253,26 +253,26 @@ def covering(launches):
         name = kernel.fn.__name__
         return ({(name, "cx", n, v) for n, v in cx.items()} | {(name, "launch", w, stages)}
                 | {(name, "dtypes", tuple(sig.values())), (name, "aligned", tuple(sorted(attrs)))})
-    todo, covered, chosen = list(launches), set(), []
+    todo = {i: features(launch) for i, launch in enumerate(launches)}
+    covered = set()
     while todo:
-        best = max(todo, key=lambda launch: len(features(launch) - covered))
-        if not features(best) - covered:
+        best = max(todo, key=lambda i: (len(todo[i] - covered), -i))  # (ties: the first recorded)
+        if not todo[best] - covered:
             break
-        chosen.append(best)
-        covered |= features(best)
-        todo.remove(best)
-    return [launch for launch in launches if any(launch is c for c in chosen)]  # (recording order)
+        covered |= todo.pop(best)
+    return [launch for i, launch in enumerate(launches) if i not in todo]  # (recording order)
 
 
 def report(launches, arch=90, out=print, only=None):
     """Compiles every recorded launch (those in only, if given; the others print as "not compiled"); prints one line
     each. Returns the lines of those that failed."""
     failed = []
+    compiled = None if only is None else {id(launch) for launch in only}
     for launch in launches:
         kernel, sig, cx, w, attrs, stages = launch
         tag = f"{kernel.fn.__name__} warps={w} stages={stages or 'default'} "
         tag += " ".join(f"{k}={v}" for k, v in cx.items())
-        if only is not None and not any(launch is o for o in only):
+        if compiled is not None and id(launch) not in compiled:
             out(f"not compiled  {tag}")
             continue
         try:

@@ -36,7 +36,9 @@ def test_tuple_types_work_out_when_read():
     values = [tl.constexpr(4), 3, 2.0, tl.float32]
     t = cls(values)
     assert t._type is None  # not worked out yet
-    assert t.type == tl.core._type_for_tuple_values(values)
+    eager = cls.__new__(cls)
+    cls.__init__.original(eager, values)  # Triton's own constructor
+    assert t.type == eager.type == tl.core._type_for_tuple_values(values)
     assert str(t.type) == "[:constexpr_type[4],:constexpr_type[3],:constexpr_type[2.0],:constexpr_type[fp32]]"
     given = tl.core.tuple_type([tl.int32], ["a"])
     assert cls([tl.constexpr(1)], given).type is given
