@@ -4,7 +4,7 @@ import os
 
 
 def patch_language_once_per_launch():
-    """Under TRITON_INTERPRET=1, the five speed-ups below (tests/test_interpreter_speed.py checks them against
+    """Under TRITON_INTERPRET=1, the six speed-ups below (tests/test_interpreter_speed.py checks them against
     Triton's own code)."""
     if os.environ.get("TRITON_INTERPRET") != "1":
         return
@@ -19,6 +19,7 @@ def patch_language_once_per_launch():
     _lazy_tuple_names(tl)
     _lazy_tuple_types(tl)
     _scans_by_slices(interpreter, tl)
+    _overflow_checks_only_when_asserted()
 
 
 def _patch_lang_once(interpreter):
@@ -169,3 +170,25 @@ def _scans_by_slices(interpreter, tl):
     generic_reduce.original = original_reduce
     scan_cls.generic_scan = generic_scan
     reduce_cls.generic_reduce = generic_reduce
+
+
+def _overflow_checks_only_when_asserted():
+    """Every int32 add, sub and mul in a kernel also runs in int64 with a range test (a third of a kernel test's
+    time), whose only use is a device_assert, which Triton drops unless the builder's debug option is on (the
+    interpreter's InterpreterOptions.debug: off). Skip that work when the assert would be dropped: the same results,
+    the same errors; with debug on, Triton's own check runs."""
+    try:
+        from triton.language.semantic import TritonSemantic
+    except ImportError:  # pragma: no cover - a Triton without the semantic class
+        return
+    original = TritonSemantic.__dict__.get("binary_op_sanitize_overflow_impl")
+    if original is None or getattr(original, "_when_asserted", False):
+        return
+
+    def sanitize(self, lhs, rhs, binary_op):
+        if not getattr(self.builder.options, "debug", True):
+            return None
+        return original(self, lhs, rhs, binary_op)
+    sanitize._when_asserted = True
+    sanitize.original = original
+    TritonSemantic.binary_op_sanitize_overflow_impl = sanitize

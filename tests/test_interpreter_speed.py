@@ -90,3 +90,35 @@ def test_scans_by_slices_answer_as_the_element_by_element_scan(axis, reverse):
         outs.append(got)
     for a, b in zip(*outs):
         assert not a.isnan().any() and torch.equal(a, b), (a, b)
+
+
+@triton.jit
+def _int32_ops_kernel(x, out, N: tl.constexpr):
+    offs = tl.arange(0, N)
+    a = tl.load(x + offs)
+    tl.store(out + offs, a * 3 + a - 7)
+
+
+def test_overflow_checks_run_only_when_asserted(monkeypatch):
+    import dataclasses
+    import torch
+    from triton.language.semantic import TritonSemantic
+    fast = TritonSemantic.binary_op_sanitize_overflow_impl
+    assert getattr(fast, "_when_asserted", False), "conftest did not skip the dropped overflow checks"
+    x = torch.tensor([1, 2**30, -2**30, 5], dtype=torch.int32)  # a * 3 overflows int32 in two lanes
+    wrapped = ((x.long() * 4 - 7 + 2**31) % 2**32 - 2**31).int()
+    outs = []
+    for check in (fast, fast.original):  # the skip and Triton's own, debug off: the same wrapped results
+        monkeypatch.setattr(TritonSemantic, "binary_op_sanitize_overflow_impl", check)
+        outs.append(torch.full_like(x, -1))
+        _int32_ops_kernel[(1,)](x, outs[-1], N=4)
+        assert torch.equal(outs[-1], wrapped)
+    monkeypatch.setattr(TritonSemantic, "binary_op_sanitize_overflow_impl", fast)
+    monkeypatch.setattr(interpreter.interpreter_builder, "options",
+                        dataclasses.replace(interpreter.interpreter_builder.options, debug=True))
+    with pytest.raises(Exception, match="int32 overflow detected"):  # debug on: Triton's check runs and fires
+        _int32_ops_kernel[(1,)](x, torch.empty_like(x), N=4)
+    small = torch.tensor([1, -2, 3, 4], dtype=torch.int32)
+    out = torch.full_like(small, -1)
+    _int32_ops_kernel[(1,)](small, out, N=4)  # and passes where nothing overflows
+    assert torch.equal(out, small * 4 - 7)
