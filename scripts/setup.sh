@@ -11,9 +11,9 @@ if [ ! -x .venv/bin/python ]; then
   "$PY" -m venv .venv
 fi
 VPY="$PWD/.venv/bin/python"
-# One pip call for all that is missing: one resolution (95 s, not 115, on a 2-core machine). pip's bytecode compile
-# stays: with PYTHONDONTWRITEBYTECODE set, as on this project's machines, nothing else would write it and every process of
-# the suite would compile torch from source again.
+# One pip call for all that is missing: one resolution (95 s, not 115, on a 2-core machine). pip's bytecode
+# compile stays: with PYTHONDONTWRITEBYTECODE set, as on this project's machines, nothing else would write it and
+# every process of the suite would compile torch from source again.
 pipi() { "$VPY" -m pip install -q --disable-pip-version-check "$@"; }
 missing=$("$VPY" - <<'PYEOF'
 import importlib.util as u, platform

@@ -73,10 +73,13 @@ def test_mlstm_exp_float64_signed_qk():
 
 def test_mlstm_exp_bfloat16_keeps_gated_keys_wide():
     """bfloat16 on the PyTorch path, signed q, k (|nᵀq| can be small): the gated keys k·exp(ĩ − m) stay float32
-    (ula/core/autograd.py, gated_keys); rounded to bfloat16 they put h 9e-3 to 1.2e-1 and the gradients up to 0.45
-    from float64 (this test, seeds 0-11: every one failed), against ~3e-3 and at most ~1.5e-2 kept wide."""
+    (ula/core/autograd.py, gated_keys). Errors from float64 per (batch, head) sequence, their median over the 16: kept
+    wide (40 seeds) h <= 3.4e-3, every gradient <= 6.8e-3; rounded to bfloat16, h >= 7.5e-3 and the gradients of q, k
+    and both gates >= 1.7e-2 in every seed. The median, not the whole tensor's error: a token whose nᵀq nears 0 or
+    exp(-m) is ill-conditioned in any precision below float64, and alone took a whole-tensor error of dk to 0.19
+    with the keys wide (seed 23 at B=2; 3 seeds in 61 over 5e-2)."""
     seed = fresh_seed()
-    Bn, Tn = 2, 200
+    Bn, Tn = 8, 200
     q, k, v = (torch.randn(Bn, Tn, H, K).bfloat16() for _ in range(3))
     i, f = torch.randn(Bn, Tn, H) * 3, torch.randn(Bn, Tn, H) + 3
     do = torch.randn(Bn, Tn, H, K).double()
@@ -87,9 +90,15 @@ def test_mlstm_exp_bfloat16_keeps_gated_keys_wide():
         h, _ = ula.mlstm(*xs, backend="torch")
         (h.double() * do).sum().backward()
         out[dt] = [h] + [x.grad for x in xs]
-    errs = {n: rel(a.double(), b) for n, a, b in zip(("h", "dq", "dk", "dv", "di", "df"), out[torch.bfloat16],
-                                                     out[torch.float64])}
-    assert errs["h"] < 1e-2 and max(errs.values()) < 5e-2, (seed, errs)
+
+    def per_sequence_median(a, ref):  # |a - ref| / |ref| over each (batch, head)'s time and features
+        a, ref = a.detach().double(), ref.detach().double()
+        a, ref = (a, ref) if a.dim() == 4 else (a.unsqueeze(-1), ref.unsqueeze(-1))
+        assert torch.isfinite(a).all()
+        return ((a - ref).norm(dim=(1, 3)) / ref.norm(dim=(1, 3))).median().item()
+    errs = {n: per_sequence_median(a, b) for n, a, b in zip(("h", "dq", "dk", "dv", "di", "df"),
+                                                              out[torch.bfloat16], out[torch.float64])}
+    assert errs["h"] < 6e-3 and max(errs.values()) < 1.2e-2, (seed, errs)
 
 
 @pytest.mark.parametrize("variant", ["exp", "sig"])
