@@ -69,7 +69,7 @@ def phases(q, k, v, ld, a, rank, R):
     world = dist.group.WORLD
     real_entry = cpm.add_entry_term
 
-    def no_entry(o, q, gl, rd, E, scale, reverse, backend):
+    def no_entry(o, q, gl, rd, E, scale, reverse, backend, **kw):  # kw: what later versions add (wide=)
         return o + (E.sum() * 0).to(o.dtype)  # tied to E: the backward still runs every collective
 
     res = {"rank": rank, "device": torch.cuda.get_device_name(dev), "torch": torch.__version__,
