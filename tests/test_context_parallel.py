@@ -484,6 +484,35 @@ def test_entry_term_triton_kernels(decay, spans, monkeypatch):
         assert got.dtype == torch.float32 and rel(got.double(), want) < tol
 
 
+@pytest.mark.parametrize("wide", [False, True], ids=["operands_by_inputs", "wide"])
+@pytest.mark.parametrize("decay", ["none", "scalar", "vector"])
+def test_entry_term_triton_kernels_one_column(decay, wide, monkeypatch):
+    """V = 1 (mLSTMexp's normalizer column, `wide` as it runs there): the kernels' float32 product-and-sum path (COL)
+    against the PyTorch form in float64, forward and the gradients of o, q, the left decay and the state; several
+    chunks per program, L ending inside a chunk, K not a power of two."""
+    import ula.core.triton.entry as entry
+    from ula.core.cp_entry import add_entry_term, entry_term
+    seed = fresh_seed()
+    monkeypatch.setattr(entry, "_MIN_PROGRAMS", 1)
+    B, L, H, K = 2, 300, 2, 20
+    g = lambda *s: torch.nn.functional.logsigmoid(torch.randn(*s) + 3)  # noqa: E731
+    base = {"none": None, "scalar": g(B, L, H, 1), "vector": g(B, L, H, K)}[decay]
+    xs = [torch.randn(B, L, H, 1), torch.randn(B, L, H, K), base, torch.randn(B, H, K, 1) * 0.3]
+    dout = torch.randn(B, L, H, 1)
+    res = []
+    for backend, dt in (("triton", torch.float32), ("torch", torch.float64)):
+        leaves = [None if x is None else x.detach().to(dt).requires_grad_() for x in xs]
+        o, q, gl, E = leaves
+        if backend == "triton":
+            out = add_entry_term(o, q, gl, None, E, 0.7, False, "triton", wide=wide)
+        else:
+            out = o + entry_term(q, gl, None, E, 0.7, False)
+        (out * dout.to(dt)).sum().backward()
+        res.append([out] + [x.grad for x in leaves if x is not None])
+    for got, want in zip(*res):
+        assert got.dtype == torch.float32 and rel(got.double(), want) < 1e-5, seed
+
+
 def test_entry_term_wide_keys_take_the_pytorch_form(monkeypatch):
     """K over 256 (the kernels' one tile of K) goes to the PyTorch form, whatever the backend asks."""
     import ula.core.cp_entry as ce

@@ -62,22 +62,29 @@ def _decayed_q(q, g, carry, rows, mrow, ks, mk, i_b, i_c, i_h, nC, H, sq_b, sq_t
 def _entry_fwd_kernel(q, g, carry, E, o, out, L, H, K, V, nC, span, sq_b, sq_t, sq_h, so_b, so_t, so_h,
                       su_b, su_t, su_h, sg_b, sg_t, sg_h, sg_k, KG, gb_mult, scale,
                       BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, HAS_G: tl.constexpr,
-                      VEC_G: tl.constexpr, DOT: tl.constexpr):
-    """out = o + corr over a span of chunks, one V block; the block of E is loaded once for the span."""
+                      VEC_G: tl.constexpr, COL: tl.constexpr, DOT: tl.constexpr):
+    """out = o + corr over a span of chunks, one V block; the block of E is loaded once for the span. COL (V = 1:
+    mLSTMexp's normalizer column): a float32 product and row sum, not a matmul padded to BV columns."""
     i_s, i_v, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_b, i_h = i_bh // H, i_bh % H
     ks = tl.arange(0, BK)
     mk = ks < K
     vs = i_v * BV + tl.arange(0, BV)
     mv = vs < V
-    e = operand(tl.load(E + (i_bh.to(tl.int64) * K + ks[:, None]) * V + vs[None, :], mask=mk[:, None] & mv[None, :],
-                        other=0.0), DOT)
+    if COL:
+        ecol = tl.load(E + i_bh.to(tl.int64) * K + ks, mask=mk, other=0.0).to(tl.float32)
+    else:
+        e = operand(tl.load(E + (i_bh.to(tl.int64) * K + ks[:, None]) * V + vs[None, :],
+                            mask=mk[:, None] & mv[None, :], other=0.0), DOT)
     for i_c in range(i_s * span, tl.minimum(i_s * span + span, nC)):
         rows = i_c * BT + tl.arange(0, BT)
         mrow = rows < L
         qt = _decayed_q(q, g, carry, rows, mrow, ks, mk, i_b, i_c, i_h, nC, H, sq_b, sq_t, sq_h, sg_b, sg_t, sg_h,
                         sg_k, KG, gb_mult, HAS_G, VEC_G)
-        corr = mm(operand(qt, DOT), e, DOT) * scale
+        if COL:
+            corr = tl.sum(qt.to(tl.float32) * ecol[None, :], 1)[:, None] * scale  # [BT, 1]
+        else:
+            corr = mm(operand(qt, DOT), e, DOT) * scale
         optr = rows.to(tl.int64)[:, None] * so_t + vs[None, :]
         m2 = mrow[:, None] & mv[None, :]
         ot = tl.load(o + i_b.to(tl.int64) * so_b + i_h * so_h + optr, mask=m2, other=0.0).to(tl.float32)
@@ -89,32 +96,40 @@ def _entry_fwd_kernel(q, g, carry, E, o, out, L, H, K, V, nC, span, sq_b, sq_t, 
 def _entry_dq_kernel(q, g, carry, E, dc, dq, db_carry, dg, L, H, K, V, nC, span, sq_b, sq_t, sq_h,
                      sd_b, sd_t, sd_h, sg_b, sg_t, sg_h, sg_k, KG, gb_mult, scale,
                      BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, HAS_G: tl.constexpr,
-                     VEC_G: tl.constexpr, NEED_DG: tl.constexpr, ONE_V: tl.constexpr, DOT: tl.constexpr):
+                     VEC_G: tl.constexpr, NEED_DG: tl.constexpr, ONE_V: tl.constexpr, COL: tl.constexpr,
+                     DOT: tl.constexpr):
     """dq (and dg, from the later chunks' totals of d b in db_carry) over a span of chunks. With all of V in one
-    block (ONE_V: BV >= V), Eᵀ is loaded once for the span."""
+    block (ONE_V: BV >= V), Eᵀ is loaded once for the span. COL (V = 1): dq an outer product in float32."""
     i_s, i_bh = tl.program_id(0), tl.program_id(1)
     i_b, i_h = i_bh // H, i_bh % H
     ks = tl.arange(0, BK)
     mk = ks < K
-    if ONE_V:
+    if COL:
+        ecol = tl.load(E + i_bh.to(tl.int64) * K + ks, mask=mk, other=0.0).to(tl.float32)
+    elif ONE_V:
         vs = tl.arange(0, BV)
         et_all = operand(tl.load(E + (i_bh.to(tl.int64) * K + ks[None, :]) * V + vs[:, None],
                                  mask=(vs < V)[:, None] & mk[None, :], other=0.0), DOT)  # Eᵀ [BV, BK]
     for i_c in range(i_s * span, tl.minimum(i_s * span + span, nC)):
         rows = i_c * BT + tl.arange(0, BT)
         mrow = rows < L
-        acc = tl.zeros([BT, BK], dtype=tl.float32)
-        for v0 in range(0, V, BV):
-            vs = v0 + tl.arange(0, BV)
-            mv = vs < V
-            d = tl.load(dc + i_b.to(tl.int64) * sd_b + rows.to(tl.int64)[:, None] * sd_t + i_h * sd_h + vs[None, :],
-                        mask=mrow[:, None] & mv[None, :], other=0.0)
-            if ONE_V:
-                et = et_all
-            else:
-                et = operand(tl.load(E + (i_bh.to(tl.int64) * K + ks[None, :]) * V + vs[:, None],
-                                     mask=mv[:, None] & mk[None, :], other=0.0), DOT)
-            acc += mm(operand(d, DOT), et, DOT)
+        if COL:
+            dcol = tl.load(dc + i_b.to(tl.int64) * sd_b + rows.to(tl.int64) * sd_t + i_h * sd_h, mask=mrow,
+                           other=0.0).to(tl.float32)
+            acc = dcol[:, None] * ecol[None, :]
+        else:
+            acc = tl.zeros([BT, BK], dtype=tl.float32)
+            for v0 in range(0, V, BV):
+                vs = v0 + tl.arange(0, BV)
+                mv = vs < V
+                d = tl.load(dc + i_b.to(tl.int64) * sd_b + rows.to(tl.int64)[:, None] * sd_t + i_h * sd_h
+                            + vs[None, :], mask=mrow[:, None] & mv[None, :], other=0.0)
+                if ONE_V:
+                    et = et_all
+                else:
+                    et = operand(tl.load(E + (i_bh.to(tl.int64) * K + ks[None, :]) * V + vs[:, None],
+                                         mask=mv[:, None] & mk[None, :], other=0.0), DOT)
+                acc += mm(operand(d, DOT), et, DOT)
         acc = acc * scale
         if HAS_G:
             acc = acc * _decay_weights(g, carry, rows, mrow, ks, mk, i_b * gb_mult, i_c, i_h, nC, H, sg_b, sg_t,
@@ -140,11 +155,11 @@ def _entry_dq_kernel(q, g, carry, E, dc, dq, db_carry, dg, L, H, K, V, nC, span,
 def _entry_de_kernel(q, g, carry, E, dc, part, tot, L, H, K, V, nC, span, sq_b, sq_t, sq_h, sd_b, sd_t, sd_h,
                      sg_b, sg_t, sg_h, sg_k, KG, gb_mult, scale,
                      BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, HAS_G: tl.constexpr,
-                     VEC_G: tl.constexpr, NEED_TOT: tl.constexpr, DOT: tl.constexpr):
-    """Σ over a span of chunks of (exp(b) ⊙ q)ᵀ dC, one [BK, BV] block: part [n_spans, B, H, K, V]. NEED_TOT:
-    also each chunk's share of Σ_t d b_t, scale · Σ_v E ⊙ (its own (exp(b) ⊙ q)ᵀ dC), per K feature (vector
-    decay: tot [n V blocks, B, nC, H, K]) or summed over this block's K features too (tot [n blocks, B, nC, H]):
-    the carries of dg's reverse sum, without a pass of their own."""
+                     VEC_G: tl.constexpr, NEED_TOT: tl.constexpr, COL: tl.constexpr, DOT: tl.constexpr):
+    """Σ over a span of chunks of (exp(b) ⊙ q)ᵀ dC (COL, V = 1: a float32 weighted sum of the rows), one [BK, BV]
+    block: part [n_spans, B, H, K, V]. NEED_TOT: also each chunk's share of Σ_t d b_t, scale · Σ_v E ⊙ (its own
+    (exp(b) ⊙ q)ᵀ dC), per K feature (vector decay: tot [n V blocks, B, nC, H, K]) or summed over this block's K
+    features too (tot [n blocks, B, nC, H]): the carries of dg's reverse sum, without a pass of their own."""
     i_s, i_kv, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_b, i_h = i_bh // H, i_bh % H
     nV = tl.cdiv(V, BV)
@@ -163,7 +178,10 @@ def _entry_de_kernel(q, g, carry, E, dc, part, tot, L, H, K, V, nC, span, sq_b, 
                         sg_k, KG, gb_mult, HAS_G, VEC_G)
         d = tl.load(dc + i_b.to(tl.int64) * sd_b + rows.to(tl.int64)[:, None] * sd_t + i_h * sd_h + vs[None, :],
                     mask=mrow[:, None] & mv[None, :], other=0.0)
-        p = mm(tl.trans(operand(qt, DOT)), operand(d, DOT), DOT)
+        if COL:  # [BK, 1]; the block's other columns are masked out at the store and zero in e
+            p = tl.sum(qt.to(tl.float32) * tl.sum(d.to(tl.float32), 1)[:, None], 0)[:, None]
+        else:
+            p = mm(tl.trans(operand(qt, DOT)), operand(d, DOT), DOT)
         acc += p
         if NEED_TOT:
             t = tl.sum(p * e, 1)
@@ -258,7 +276,7 @@ def entry_forward(q, g, E, o, scale, carry, out=None, dot=None):
     launch(_entry_fwd_kernel, (n_spans, cdiv(V, BV), B * H), q, g_, carry if has_g else q, _state_operand(E, dot),
            o, out, L, H, K, V, nC, span, q.stride(0), q.stride(1), q.stride(2), o.stride(0), o.stride(1),
            o.stride(2), out.stride(0), out.stride(1), out.stride(2), *sg, KG, gbm, scale, BT=BT, BK=BK, BV=BV,
-           HAS_G=has_g, VEC_G=vec, DOT=dot, num_warps=warps)
+           HAS_G=has_g, VEC_G=vec, COL=V == 1, DOT=dot, num_warps=warps)
     return out
 
 
@@ -282,7 +300,8 @@ def entry_backward_e(q, g, E, dc, scale, carry, need_e, need_g, dot=None):
     tot = alloc((nV, B, nC, H, K) if vec else (nK * nV, B, nC, H, 1), q.device) if need_g else q
     launch(_entry_de_kernel, (n_spans, nK * nV, B * H), q, g_, carry if has_g else q, E, dc, part, tot, L, H, K, V,
            nC, span, q.stride(0), q.stride(1), q.stride(2), dc.stride(0), dc.stride(1), dc.stride(2), *sg, KG, gbm,
-           scale, BT=BT, BK=BK, BV=BV, HAS_G=has_g, VEC_G=vec, NEED_TOT=need_g, DOT=_dot(q, dc) if dot is None else dot)
+           scale, BT=BT, BK=BK, BV=BV, HAS_G=has_g, VEC_G=vec, NEED_TOT=need_g, COL=V == 1,
+           DOT=_dot(q, dc) if dot is None else dot)
     dE = part.sum(0) * scale if need_e else None
     db_carry = None
     if need_g:
@@ -306,8 +325,8 @@ def entry_backward_q(q, g, E, dc, scale, carry, db_carry, dot=None):
     launch(_entry_dq_kernel, (n_spans, B * H), q, g_, carry if has_g else q, _state_operand(E, dot), dc, dq,
            db_carry if need_g else q, dg if need_g else q, L, H, K, V, nC, span, q.stride(0), q.stride(1),
            q.stride(2), dc.stride(0), dc.stride(1), dc.stride(2), *sg, KG, gbm, scale, BT=BT, BK=block(K, 256),
-           BV=block(V, 128), HAS_G=has_g, VEC_G=vec, NEED_DG=need_g, ONE_V=V <= block(V, 128), DOT=dot,
-           num_warps=warps)
+           BV=block(V, 128), HAS_G=has_g, VEC_G=vec, NEED_DG=need_g, ONE_V=V <= block(V, 128), COL=V == 1,
+           DOT=dot, num_warps=warps)
     return dq, dg
 
 

@@ -1,0 +1,61 @@
+"""The context-parallel entry term's kernels alone, at one rank's slice as mLSTMexp runs them on 2 GPUs
+(B1 L65536 H16 K128 bf16, a scalar log decay): the values' call (V=128, bf16 operands) and the normalizer column's
+(V=1, float32 operands, `wide`), forward and forward+backward (all gradients: q, the decay, E), median of CUDA-event
+timings. Usage: python3 benchmarks/gpu_entry_term_micro.py [--L 65536] [--reps 30] -> JSON on stdout."""
+import argparse
+import json
+import statistics
+
+import torch
+import torch.nn.functional as F
+import triton
+
+from ula.core.cp_entry import add_entry_term
+
+
+def timed(fn, reps):
+    for _ in range(3):
+        fn()
+    ts = []
+    for _ in range(reps):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        b.record()
+        torch.cuda.synchronize()
+        ts.append(a.elapsed_time(b))
+    return statistics.median(ts)
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--L", type=int, default=65536)
+    p.add_argument("--H", type=int, default=16)
+    p.add_argument("--K", type=int, default=128)
+    p.add_argument("--reps", type=int, default=30)
+    a = p.parse_args()
+    dev = torch.device("cuda")
+    B, L, H, K = 1, a.L, a.H, a.K
+    q = torch.randn(B, L, H, K, device=dev, dtype=torch.bfloat16).requires_grad_()
+    gl = F.logsigmoid(torch.randn(B, L, H, 1, device=dev) + 4).requires_grad_()  # canonical: [B, L, H, 1]
+    res = {"device": torch.cuda.get_device_name(dev), "torch": torch.__version__, "triton": triton.__version__,
+           "shape": dict(B=B, L=L, H=H, K=K), "ms": {}}
+    for name, V, wide, odt in (("values", 128, False, torch.bfloat16), ("den_column", 1, True, torch.float32)):
+        E = torch.randn(B, H, K, V, device=dev, dtype=torch.float32).requires_grad_()
+        o = torch.randn(B, L, H, V, device=dev, dtype=odt)
+        do = torch.randn_like(o)
+
+        def fwd():
+            return add_entry_term(o, q, gl, None, E, K ** -0.5, False, "triton", wide=wide)
+
+        def fwd_bwd():
+            torch.autograd.backward(fwd(), do)
+        with torch.no_grad():
+            res["ms"][f"{name}_fwd"] = round(timed(fwd, a.reps), 4)
+        res["ms"][f"{name}_fwd_bwd"] = round(timed(fwd_bwd, a.reps), 4)
+        res["ms"][f"{name}_q_pass_floor"] = round(q.numel() * 2 / 4.8e9, 4)  # one read of q at 4.8 TB/s, in ms
+    print(json.dumps(res, indent=1))
+
+
+if __name__ == "__main__":
+    main()
