@@ -4,27 +4,16 @@
 timings. Usage: python3 benchmarks/gpu_entry_term_micro.py [--L 65536] [--reps 30] -> JSON on stdout."""
 import argparse
 import json
-import statistics
+import os
+import sys
 
 import torch
 import torch.nn.functional as F
 import triton
 
-from ula.core.cp_entry import add_entry_term
-
-
-def timed(fn, reps):
-    for _ in range(3):
-        fn()
-    ts = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        torch.cuda.synchronize()
-        ts.append(a.elapsed_time(b))
-    return statistics.median(ts)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from gpu_context_parallel import timed  # noqa: E402  (median of CUDA-event timings)
+from ula.core.cp_entry import add_entry_term  # noqa: E402
 
 
 def main():
