@@ -210,8 +210,14 @@ def _dot(*tensors):
 
 
 # chunks per program and warps of the forward (0) and dq (1) kernels; ULA_ENTRY_TUNE="span,warps_fwd,warps_dq" for
-# a sweep on the GPU (benchmarks/gpu_cp_profile.py --phases)
+# a sweep on the GPU (benchmarks/gpu_cp_profile.py --phases, benchmarks/gpu_entry_term_micro.py)
+_TUNE_GIVEN = "ULA_ENTRY_TUNE" in os.environ
 _TUNE = [int(x) for x in os.environ.get("ULA_ENTRY_TUNE", "4,8,8").split(",")]
+# Without a decay per feature both kernels take 4 warps: H200, one rank's slice B1 L65536 H16 K128, scalar decay
+# (session 43, results/entry_micro_h200_session43_col.log): values forward 0.62 -> 0.43 ms, forward+backward 2.16 ->
+# 1.64; mLSTMexp's normalizer column 0.52 -> 0.28 and 1.32 -> 1.13 (no decay and a constant one: the same rule,
+# not measured). With a decay per feature (GLA) the forward keeps 8 (session 28).
+_WARPS_NO_VEC = 4
 # V tiles of the forward and (with decays per feature) of the dE kernel: 128, not 64, so that a program forms a chunk's
 # decayed q once for all of V; the forward at 8 warps (4 before). H200, B1 T32768 H16 K=V=128 vector decay, the
 # segments of ula/core/time_split.py: forward 0.305 -> 0.224 ms, dE 0.208 -> 0.145; without a decay the forward is
@@ -222,11 +228,11 @@ _FWD_BV, _DE_BV_VEC = 128, 128
 _MIN_PROGRAMS = 2048
 
 
-def _spans(nC, programs_per_span, which):
+def _spans(nC, programs_per_span, which, vec):
     """(chunks per program, programs along the chunks, warps): a program loops over `span` chunks, so E is read
-    once per span, while the grid keeps >= ~_MIN_PROGRAMS programs."""
+    once per span, while the grid keeps >= ~_MIN_PROGRAMS programs. vec: a decay per feature."""
     span = max(1, min(_TUNE[0], (nC * programs_per_span) // _MIN_PROGRAMS))
-    return span, cdiv(nC, span), _TUNE[1 + which]
+    return span, cdiv(nC, span), (_TUNE[1 + which] if vec or _TUNE_GIVEN else _WARPS_NO_VEC)
 
 
 def _state_operand(E, dot):
@@ -272,7 +278,7 @@ def entry_forward(q, g, E, o, scale, carry, out=None, dot=None):
     BK, BV = block(K, 256), block(V, _FWD_BV)
     nC = cdiv(L, BT)
     dot = _dot(q, o) if dot is None else dot
-    span, n_spans, warps = _spans(nC, cdiv(V, BV) * B * H, 0)
+    span, n_spans, warps = _spans(nC, cdiv(V, BV) * B * H, 0, vec)
     launch(_entry_fwd_kernel, (n_spans, cdiv(V, BV), B * H), q, g_, carry if has_g else q, _state_operand(E, dot),
            o, out, L, H, K, V, nC, span, q.stride(0), q.stride(1), q.stride(2), o.stride(0), o.stride(1),
            o.stride(2), out.stride(0), out.stride(1), out.stride(2), *sg, KG, gbm, scale, BT=BT, BK=BK, BV=BV,
@@ -321,7 +327,7 @@ def entry_backward_q(q, g, E, dc, scale, carry, db_carry, dot=None):
     dg = alloc((B, L, H, KG), q.device) if need_g else None
     nC = cdiv(L, BT)
     dot = _dot(q, dc) if dot is None else dot
-    span, n_spans, warps = _spans(nC, B * H, 1)
+    span, n_spans, warps = _spans(nC, B * H, 1, vec)
     launch(_entry_dq_kernel, (n_spans, B * H), q, g_, carry if has_g else q, _state_operand(E, dot), dc, dq,
            db_carry if need_g else q, dg if need_g else q, L, H, K, V, nC, span, q.stride(0), q.stride(1),
            q.stride(2), dc.stride(0), dc.stride(1), dc.stride(2), *sg, KG, gbm, scale, BT=BT, BK=block(K, 256),
