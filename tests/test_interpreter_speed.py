@@ -107,12 +107,11 @@ def test_overflow_checks_run_only_when_asserted(monkeypatch):
     assert getattr(fast, "_when_asserted", False), "conftest did not skip the dropped overflow checks"
     x = torch.tensor([1, 2**30, -2**30, 5], dtype=torch.int32)  # a * 3 overflows int32 in two lanes
     wrapped = ((x.long() * 4 - 7 + 2**31) % 2**32 - 2**31).int()
-    outs = []
     for check in (fast, fast.original):  # the skip and Triton's own, debug off: the same wrapped results
         monkeypatch.setattr(TritonSemantic, "binary_op_sanitize_overflow_impl", check)
-        outs.append(torch.full_like(x, -1))
-        _int32_ops_kernel[(1,)](x, outs[-1], N=4)
-        assert torch.equal(outs[-1], wrapped)
+        out = torch.full_like(x, -1)
+        _int32_ops_kernel[(1,)](x, out, N=4)
+        assert torch.equal(out, wrapped)
     monkeypatch.setattr(TritonSemantic, "binary_op_sanitize_overflow_impl", fast)
     monkeypatch.setattr(interpreter.interpreter_builder, "options",
                         dataclasses.replace(interpreter.interpreter_builder.options, debug=True))
