@@ -102,13 +102,13 @@ def test_mlstm_exp_matches_reference(joined, monkeypatch):
 def test_which_calls_split(monkeypatch):
     """On a faked 132-multiprocessor GPU: few sequences x heads over a long T split (segments of at least
     MIN_SEGMENT steps, whole chunks); many programs, varlen, T not a multiple of the segments' chunks, and calls
-    with a right decay do not, nor with a left decay under 4 segments."""
+    with a right decay do not, nor with a left decay under 4 segments (but with the column of ones)."""
     monkeypatch.setattr(state, "_FORCED", None)
     monkeypatch.setattr(state, "multiprocessors", lambda device: 132)
     dev = torch.device("cpu")
 
-    def seg(B, T, H, K=128, V=128, excluded=False, decayed=False, cu=None, C=128):
-        return state.segments(make_layout(B, T, C, cu, dev), T, H, K, V, excluded, decayed, dev)
+    def seg(B, T, H, K=128, V=128, excluded=False, decayed=False, cu=None, C=128, ones=False):
+        return state.segments(make_layout(B, T, C, cu, dev), T, H, K, V, excluded, decayed, dev, ones)
 
     assert seg(1, 32768, 16) == 2  # 64 programs
     assert seg(1, 16384, 8) == 4  # 32 programs, segments of 4096
@@ -118,5 +118,7 @@ def test_which_calls_split(monkeypatch):
     assert seg(1, 32768, 16, excluded=True) == 1  # a right decay
     assert seg(1, 32768, 16, decayed=True) == 1  # a left decay: only at 4 segments or more
     assert seg(1, 16384, 8, decayed=True) == 4
+    assert seg(1, 32768, 16, decayed=True, ones=True) == 2  # with the column of ones (mLSTMexp) from 2
+    assert seg(2, 8192, 16, decayed=True, ones=True) == 1
     assert seg(1, 32768, 16, cu=torch.tensor([0, 32768])) == 1
     assert seg(1, 4096, 4) == 1  # segments under MIN_SEGMENT

@@ -398,7 +398,7 @@ def chunk_states(k, v, b, c, h0, layout, reverse, dot, state_dtype=torch.float32
     V = v.shape[-1]
     N = layout.N
     # a long sequence with few programs: its segments walked side by side, then joined (state_join.py)
-    NS = segments(layout, T, H, K, V, c is not None, b is not None, k.device)
+    NS = segments(layout, T, H, K, V, c is not None, b is not None, k.device, ones)
     border = alloc((B, H, layout.n, K, V), k.device, state_dtype)
     final = alloc((N * NS, H, K, V), k.device)
     # 8 warps: a program of this sequential loop is alone on its multiprocessor (one warp per scheduler at 4
@@ -487,17 +487,20 @@ MIN_SEGMENT = 4096
 _FORCED = os.environ.get("ULA_STATE_SPLIT")
 
 
-def segments(layout, T, H, K, V, excluded, decayed, device):
+def segments(layout, T, H, K, V, excluded, decayed, device, ones=False):
     """Segments per sequence of a state call (1: none): double them while the programs at the default tiles stay
     within the multiprocessors, segments hold whole chunks and at least MIN_SEGMENT steps. Never with varlen or a right
-    decay (excluded); with a left decay only at 4 segments or more. On an H100, f+b, all three state calls split
-    (benchmarks/results/state_split_decays_terms_h100_session29.json): at B1 T16384 H8, 4 segments, scalar / vector /
-    mLSTMexp / mLSTMsig / GLA -10 / -21 / -18 / -13 / -15% against no split, and 2-5% faster than the core's own split
-    (ula/core/time_split.py, which leaves such calls to this one); at B1 T32768 H16, 2 segments, +2 / -6 / -1 / -1 /
-    +2%. Without a decay normalized attention gained 23-36% (state_split_h100_session29.json)."""
+    decay (excluded); with a left decay only at 4 segments or more, unless the call has the column of ones (`ones`).
+    On an H100, f+b, all three state calls split (benchmarks/results/state_split_decays_terms_h100_session29.json): at
+    B1 T16384 H8, 4 segments, scalar / vector / mLSTMexp / mLSTMsig / GLA -10 / -21 / -18 / -13 / -15% against no
+    split, and 2-5% faster than the core's own split (ula/core/time_split.py, which leaves such calls to this one); at
+    B1 T32768 H16, 2 segments, +2 / -6 / -1 / -1 / +2%. Without a decay normalized attention gained 23-36%
+    (state_split_h100_session29.json). The column of ones with a decay is mLSTMexp's, whose calls the core's own split
+    does not take: 2 segments on an H200, B1 H16 f+b, T 32768 / 65536 / 131072: -3 / -4 / -5%
+    (results/state_sweep2_mlstm_exp_h200_session44.txt, GPU kernel sums)."""
     if layout.varlen or excluded:
         return 1
-    return segment_count(layout.N, T, H, K, V, layout.C, decayed, device)
+    return segment_count(layout.N, T, H, K, V, layout.C, decayed and not ones, device)
 
 
 def segment_count(N, T, H, K, V, C, decayed, device):
