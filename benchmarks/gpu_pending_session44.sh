@@ -14,6 +14,12 @@
 #                                                  # mLSTMs, then state-kernel sweeps (tiles, stages, forced segments)
 #                                                  # printing each state call's time; on part 4's tree and later the
 #                                                  # default rows of mLSTMexp at B1 H16 split (ULA_STATE_SPLIT=1: not)
+#     bash benchmarks/gpu_pending_session44.sh 6   # the column of ones in a program of its own (ULA_COLUMN_PROGRAM=1)
+#                                                  # against the V tiles' programs carrying it (=0): each state call
+#                                                  # (gpu_state_calls.py), the two mLSTMs by graph replays at B2 T8192
+#                                                  # and B1 T65536 H16, repeated calls and errors against float64;
+#                                                  # a trial not kept: first `git apply
+#                                                  # benchmarks/results/column_program_trial_session44.patch`
 # Writes $OUT/pending44.log, and $OUT/{ts,fam}_{w8,w4}*/, $OUT/split_{off,on}_*/ (each run's JSON).
 NAME=pending44
 source "$(dirname "$0")/gpu_pending_common.sh"
@@ -56,5 +62,13 @@ case "$PART" in
    S4=ULA_TUNE_STATE=128,32,64,8,4
    sweep mlstm_exp "2,8192,16,128,128 1,32768,16,128,128 1,16384,8,128,128 1,65536,16,128,128 1,131072,16,128,128" \
        X=1 ULA_STATE_SPLIT=2 $S4 "ULA_STATE_SPLIT=2 $S4" > "$OUT/state_sweep2_mlstm_exp_h200_session44.txt" ;;
+6) for sh in 2,8192,16,128,128 1,65536,16,128,128; do
+     for cp in 0 1; do
+       TMO=60 run ULA_COLUMN_PROGRAM=$cp python3 benchmarks/gpu_state_calls.py --shape $sh
+       TMO=100 run ULA_COLUMN_PROGRAM=$cp python3 benchmarks/gpu_families_vs_peers.py --sections ops --ours mlstm_exp \
+           --peers none --graph --rounds 2 --shape $sh --budget-s 100 --out "$OUT/column_${cp}_${sh//,/_}"
+     done
+   done
+   for cp in 0 1; do PRE=(ULA_COLUMN_PROGRAM=$cp); repeats mlstm_exp 2,8192,16,128,128 1,32768,16,128,128 3,3000,4,64,96; done ;;
 esac
 tail -c 11000 "$LOG"
