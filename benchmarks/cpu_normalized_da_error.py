@@ -10,23 +10,19 @@ import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
 import ula  # noqa: E402
-import test_ops_normalized_gsa as t  # noqa: E402
-from test_ops_refs import CHUNK, SHAPE, compare, ref_normalized  # noqa: E402
+from test_ops_normalized_gsa import normalized_inputs  # noqa: E402
+from test_ops_refs import CHUNK, compare, ref_normalized  # noqa: E402
 
 
 def main():
     N = int(sys.argv[1]) if len(sys.argv) > 1 else 150
-    B, T, H, K, V = (SHAPE[x] for x in "BTHKV")
     worst = ratio = 0.0
     over = 0
     for seed in range(N):
         torch.manual_seed(seed)
         for coef in ("tensor", "a_tensor"):
             for h0 in (False, True):
-                a = torch.rand(H) + 1.2
-                b = 0.8 if coef == "a_tensor" else torch.rand(H) * 2 - 1
-                inp = dict(q=torch.randn(B, T, H, K), k=torch.randn(B, T, H, K), v=torch.randn(B, T, H, V), a=a, b=b,
-                           h0=t._norm_state(B) if h0 else None)
+                inp = normalized_inputs(coef, h0)
                 errs, errs32 = compare(lambda h0, **x: ula.normalized_linear_attention(
                     **x, initial_state=h0, output_final_state=True, chunk_size=CHUNK, backend="torch"),
                     lambda **x: ref_normalized(**x), inp, ref_float32=True)

@@ -23,6 +23,19 @@ def _norm_state(N):
     return torch.einsum("nthk,nthv->nhkv", ka, va)
 
 
+def normalized_inputs(coef, h0):
+    """test_normalized's draw (also benchmarks/cpu_normalized_da_error.py's): coefficients a, b of kind `coef`, then
+    q, k, v, then with h0 an initial state."""
+    if coef == "float":
+        a, b = 1.5, 1.0
+    elif coef == "a_tensor":  # a learnable per head, b a float (the Triton path's fused form, its L2 norm inside)
+        a, b = torch.rand(H) + 1.2, 0.8
+    else:  # learnable per-head coefficients, a > |b| keeps the denominator positive
+        a, b = torch.rand(H) + 1.2, torch.rand(H) * 2 - 1
+    return dict(q=torch.randn(B, T, H, K), k=torch.randn(B, T, H, K), v=torch.randn(B, T, H, V), a=a, b=b,
+                h0=_norm_state(B) if h0 else None)
+
+
 @pytest.mark.parametrize("backend", ["torch", "triton"])
 @pytest.mark.parametrize("coef", ["float", "tensor", "a_tensor"])
 @pytest.mark.parametrize("h0", [False, True])
@@ -30,14 +43,7 @@ def test_normalized(coef, h0, backend):
     if backend == "triton":
         pytest.importorskip("triton")
     seed = fresh_seed()
-    if coef == "float":
-        a, b = 1.5, 1.0
-    elif coef == "a_tensor":  # a learnable per head, b a float (the Triton path's fused form, its L2 norm inside)
-        a, b = torch.rand(H) + 1.2, 0.8
-    else:  # learnable per-head coefficients, a > |b| keeps the denominator positive
-        a, b = torch.rand(H) + 1.2, torch.rand(H) * 2 - 1
-    inp = dict(q=torch.randn(B, T, H, K), k=torch.randn(B, T, H, K), v=torch.randn(B, T, H, V), a=a, b=b,
-               h0=_norm_state(B) if h0 else None)
+    inp = normalized_inputs(coef, h0)
     kw = dict(KW, backend=backend)
     # da and db sum over every step and may cancel: held against the float32 recurrence's own error (the PyTorch path's
     # da up to 3.0e-5 over 600 draws of the tensor cases, benchmarks/cpu_normalized_da_error.py)
@@ -52,9 +58,7 @@ def test_normalized_torch_path_sums_the_gradient_of_a_in_float64():
     float64 by 1.5e-4 on this draw (a flake of test_normalized), where the float32 recurrence misses by 4.8e-6; summed
     in float64 it misses by 6.9e-6."""
     torch.manual_seed(3802916040)
-    a, b = torch.rand(H) + 1.2, torch.rand(H) * 2 - 1
-    inp = dict(q=torch.randn(B, T, H, K), k=torch.randn(B, T, H, K), v=torch.randn(B, T, H, V), a=a, b=b,
-               h0=_norm_state(B))
+    inp = normalized_inputs("tensor", True)
     errs = compare(lambda h0, **x: ula.normalized_linear_attention(**x, initial_state=h0, output_final_state=True,
                                                                    **KW),
                    lambda **x: ref_normalized(**x), inp)
