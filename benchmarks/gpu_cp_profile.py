@@ -1,7 +1,7 @@
 """Where the time of a context-parallel forward+backward goes (torch.profiler on every rank, printed by rank).
 
     NCCL_NVLS_ENABLE=0 torchrun --standalone --nproc_per_node=2 benchmarks/gpu_cp_profile.py [--kind scalar]
-        [--T 262144] [--phases]
+        [--T 262144] [--phases] [--trace]
 
 --phases: instead of the profiler, median CUDA-event timings (and the host's time to enqueue one call, peak memory)
 of three variants on every rank, one JSON line per rank: `alone` (each rank its slice, cp_group=None: the ideal),
@@ -30,6 +30,7 @@ def main():
     ap.add_argument("--T", type=int, default=262144)
     ap.add_argument("--phases", action="store_true")
     ap.add_argument("--reps", type=int, default=7)
+    ap.add_argument("--trace", action="store_true", help="also write $OUT/cp_trace_rank<r>.json")
     a = ap.parse_args()
     dist.init_process_group("nccl")
     rank, R = dist.get_rank(), dist.get_world_size()
@@ -53,6 +54,8 @@ def main():
     with torch.profiler.profile(activities=acts) as prof:
         fwd_bwd(q, k, v, ld, dist.group.WORLD, a.kind)
         torch.cuda.synchronize()
+    if a.trace:
+        prof.export_chrome_trace(os.path.join(os.environ.get("OUT", "."), f"cp_trace_rank{rank}.json"))
     for r in range(R):
         dist.barrier()
         if r == rank:

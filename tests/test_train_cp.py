@@ -5,6 +5,7 @@ gradients; mixers that cannot are refused."""
 import json
 import os
 import socket
+import time
 
 import pytest
 import torch
@@ -38,12 +39,31 @@ def _free_port():
         return s.getsockname()[1]
 
 
-def _worker(rank, world, mixers, ports, seed, root):
+def _rendezvous_port(rank, root, name):
+    """The MASTER_PORT of one run: rank 0 picks a free port right before its rendezvous binds it and hands it to the
+    other ranks in a file. Ports picked at the start for every run were free then, but not always tens of seconds
+    later, when another test's process had taken one (EADDRINUSE in the full suite)."""
+    path = os.path.join(root, f"port-{name}")
+    if rank == 0:
+        with open(path + ".tmp", "w") as f:
+            f.write(str(_free_port()))
+        os.replace(path + ".tmp", path)  # whole or absent to a reader
+    deadline = time.time() + 300
+    while not os.path.exists(path):
+        if time.time() > deadline:
+            raise TimeoutError(f"rank {rank}: rank 0 gave no port for {name} in 300 s")
+        time.sleep(0.02)
+    with open(path) as f:
+        return f.read()
+
+
+def _worker(rank, world, mixers, seed, root):
     patch_language_once_per_launch()
     torch.set_num_threads(1)
     os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1")
-    for mixer, port in zip(mixers, ports):
-        os.environ["MASTER_PORT"] = str(port)  # a fresh rendezvous per run (train() sets up and tears down)
+    for mixer in mixers:
+        # a fresh rendezvous per run (train() sets up and tears down)
+        os.environ["MASTER_PORT"] = _rendezvous_port(rank, root, mixer)
         train(_given(mixer, seed, cp=world), out_dir=os.path.join(root, f"cp-{mixer}"), device="cpu", quiet=True)
 
 
@@ -72,7 +92,7 @@ def test_one_step_with_context_parallel_2_equals_one_process(tmp_path, monkeypat
     seed = fresh_seed() % 2**31
     for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE"):
         monkeypatch.delenv(k, raising=False)
-    mp.spawn(_worker, args=(2, MIXERS, [_free_port() for _ in MIXERS], seed, str(tmp_path)), nprocs=2, join=True)
+    mp.spawn(_worker, args=(2, MIXERS, seed, str(tmp_path)), nprocs=2, join=True)
     errs = {}
     for mixer in MIXERS:
         train(_given(mixer, seed), out_dir=str(tmp_path / f"one-{mixer}"), device="cpu", quiet=True)
@@ -144,19 +164,18 @@ def test_set_cp_group_refuses_the_demo_token_shift():
         set_cp_group(demo_model("gla", 16, 32, 1, 2), object())
 
 
-def _late_clock_worker(rank, world, port, root):
+def _late_clock_worker(rank, world, root):
     """Rank 1's clock jumps a day, so its time budget is spent before the first step while rank 0's is not:
     the ranks must still stop after the same step (before: rank 1 validated while rank 0 trained, mismatched
     collectives)."""
     import datetime
-    import time
     import types
 
     import torch.distributed as dist
     import ula.train.loop as loop
     torch.set_num_threads(1)
     os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1",
-                      MASTER_PORT=str(port))
+                      MASTER_PORT=_rendezvous_port(rank, root, "late"))
     init = dist.init_process_group
     # a collective that one rank never joins fails in a minute instead of gloo's half hour
     dist.init_process_group = lambda *a, **k: init(*a, **dict(k, timeout=datetime.timedelta(seconds=60)))
@@ -173,6 +192,6 @@ def _late_clock_worker(rank, world, port, root):
 def test_time_budget_stops_every_rank_at_the_same_step(tmp_path, monkeypatch):
     for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE"):
         monkeypatch.delenv(k, raising=False)
-    mp.spawn(_late_clock_worker, args=(2, _free_port(), str(tmp_path)), nprocs=2, join=True)
+    mp.spawn(_late_clock_worker, args=(2, str(tmp_path)), nprocs=2, join=True)
     with open(tmp_path / "late" / "metrics.json") as f:
         assert json.load(f)["history"]["train"] == []  # rank 0 stopped with rank 1, before any step

@@ -61,7 +61,8 @@ term reads no k.
 
 Ops on top: gla and mlstm(variant="sig") pass cp_group through; mlstm(variant="exp") first scans its max
 state across the ranks (ula/ops/mlstm.py, `_mlstm_exp_cp`) with the pieces of this module (`agree`, `slice_plans`,
-`gather`, `tie`), then calls it with `ones` (values [v, 1], the column implicit in the local pass's kernels).
+`gather`, `tie`), then calls it with `ones` (values [v, 1], the column implicit in the local pass's kernels),
+inside `agreed` (its metadata gather already made: one host wait per call, not two).
 
 Every rank must take part in the backward (backprop through o or the final state): the backward runs
 one collective, on every rank. The inputs on all ranks must agree in B, H, K, V, dtype, decay kind,
@@ -72,6 +73,7 @@ and a bad input on one rank raises on all ranks (no hang). An op on top runs its
 import bisect
 import contextlib
 import hashlib
+import threading
 
 import torch
 import torch.distributed as dist
@@ -268,7 +270,10 @@ _SIDE = {}  # per CUDA device: the stream of the metadata gather
 def _gather_ints(vals, group, device):
     """The int list `vals` of every rank, in rank order. With NCCL on a side stream: the current stream holds the
     local pass (queued before), and a gather behind it would make the host wait for that pass, then leave the GPU
-    idle while the host queues what follows; on its own stream the host waits for the gather alone."""
+    idle while the host queues what follows; on its own stream the host waits for the gather alone. The stream has
+    high priority, so that the gather's kernel takes the next free SM ahead of the queued blocks of the compute
+    stream's kernels (mLSTMexp on 2 H200s, T 131072: 13.3-14.5 ms per forward+backward at normal priority, 12.6
+    at high; benchmarks/gpu_pending_session45.sh 5)."""
     R = dist.get_world_size(group)
     if device.type != "cuda" or dist.get_backend(group) != "nccl":
         t = torch.tensor(vals, dtype=torch.int64, device=device)
@@ -277,7 +282,7 @@ def _gather_ints(vals, group, device):
         return [g.tolist() for g in gathered]
     side = _SIDE.get(device)
     if side is None:
-        side = _SIDE[device] = torch.cuda.Stream(device)
+        side = _SIDE[device] = torch.cuda.Stream(device, priority=-1)
     src = torch.tensor(vals, dtype=torch.int64).pin_memory()
     back = torch.empty(R * len(vals), dtype=torch.int64).pin_memory()
     with torch.cuda.stream(side):
@@ -290,14 +295,31 @@ def _gather_ints(vals, group, device):
     return back.view(R, -1).tolist()
 
 
-def _box(wanted, rd, ones=False):
+_AGREED = threading.local()  # .metas: what `agreed` hands to this thread's next cp_linear_attention
+
+
+@contextlib.contextmanager
+def agreed(metas):
+    """Around an op's one context-parallel core call, where the op has run `agree` on its own inputs already (so every
+    rank has passed its checks): the core call takes `metas` (per rank in rank order: [slice length, whether it passes
+    an initial state]) instead of a second metadata gather. Each gather holds the host until the slowest rank
+    arrives (mLSTMexp on 2 H200s, T 131072: one gather instead of two took 0.7 ms off ~13 per forward+backward).
+    The core call's inputs are then the op's, derived alike on every rank; an error in its local pass (e.g. out of
+    memory) is raised on that rank alone, as anywhere else after the gather."""
+    _AGREED.metas = metas
+    try:
+        yield
+    finally:
+        _AGREED.metas = None
+
+
+def _box(wanted, rd):
     """For the local pass of a rank that a state enters (eager runs): the core's backward then runs from that
-    state (op.BackwardInitialState) and forms every gradient but the state's own, which the entry term forms
-    alone. Not with a right decay (its gradient reads the forward's output, which lacks the entry term), nor
-    under torch.compile (the core's custom op takes no box), nor with `ones` (its kernels take none): the entry term
-    then forms all its gradients."""
-    return (BackwardInitialState() if wanted and rd is None and not ones and not torch.compiler.is_compiling()
-            else None)
+    state (op.BackwardInitialState; with `ones` the ones kernels' backward, from [S | n]) and forms every gradient
+    but the state's own, which the entry term forms alone. Not with a right decay (its gradient reads the forward's
+    output, which lacks the entry term), nor under torch.compile (the custom ops take no box): the entry term then
+    forms all its gradients (mLSTMexp on 2 H200s at T 131072: two dq passes, 0.56 ms, before `ones` took the box)."""
+    return BackwardInitialState() if wanted and rd is None and not torch.compiler.is_compiling() else None
 
 
 def _entering_rows(E, h0_rows, n_pieces, entry):
@@ -422,12 +444,16 @@ def cp_linear_attention(q, k, v, ld=None, rd=None, *, cp_group, scale=None, init
         # the initial state, every other from zero). An error here is raised on every rank by `agree`.
         try:
             first = rank == (R - 1 if reverse else 0)
-            box = _box(needs_grad and not first, rd, ones)
+            box = _box(needs_grad and not first, rd)
             with backward_initial_state(box):
                 local_out = local_pass(initial_state if first else None, None)
         except (TypeError, ValueError, RuntimeError) as e:
             err = e
-    metas = agree(cp_group, err, list(zip(names, vals)), own, q.device, who)
+    metas, _AGREED.metas = getattr(_AGREED, "metas", None), None  # taken once: not by a nested call
+    if metas is None:
+        metas = agree(cp_group, err, list(zip(names, vals)), own, q.device, who)
+    elif err is not None:
+        raise err
     lengths = [m[0] for m in metas]
     total = sum(lengths)
     varlen = c is not None
@@ -442,7 +468,7 @@ def cp_linear_attention(q, k, v, ld=None, rd=None, *, cp_group, scale=None, init
     if local_out is not None:
         assert me["starts"] == [first], "the early local pass assumed another plan"
     else:  # varlen (without it the local pass ran above, or `agree` raised)
-        box = _box(needs_grad and me["cross"], rd, ones)
+        box = _box(needs_grad and me["cross"], rd)
         h0_loc = None
         if initial_state is not None and any(me["starts"]):
             rows = [initial_state[n] if st else torch.zeros_like(initial_state[n])
@@ -502,6 +528,8 @@ def cp_linear_attention(q, k, v, ld=None, rd=None, *, cp_group, scale=None, init
         o, den = o
     if Ein is not None:
         qe = q if box is None else q.detach()
+        if box is not None:  # with `ones`, [S | n]
+            box.value = _entering_rows(Ein, h0_loc if varlen else None, len(pieces), me["entry"])
         if ones:  # the den column: its own term, float32 both ways; the values' term below
             Ein, E_n = Ein[..., :-1], Ein[..., -1:]
             piece = add_entry_term(den[:, a0:b0].unsqueeze(-1), qe[:, a0:b0], gl[:, a0:b0] if gl is not None else None,
@@ -509,8 +537,6 @@ def cp_linear_attention(q, k, v, ld=None, rd=None, *, cp_group, scale=None, init
             den = spliced(den, piece)
         piece = add_entry_term(o[:, a0:b0], qe[:, a0:b0], gl[:, a0:b0] if gl is not None else None,
                                rd[:, a0:b0] if rd is not None else None, Ein, scale, reverse, backend)
-        if box is not None:
-            box.value = _entering_rows(Ein, h0_loc if varlen else None, len(pieces), me["entry"])
         o = spliced(o, piece)
     if needs_grad:
         o = tie(o, G)

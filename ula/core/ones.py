@@ -17,6 +17,7 @@ import torch
 from torch.autograd.function import once_differentiable
 from torch import Tensor
 
+from . import op as _op
 from . import precision
 from .api import _pad_to_16, linear_attention, one_sequence_as_batch
 from .autograd import canonical_left
@@ -163,6 +164,7 @@ class _OnesFn(torch.autograd.Function):
         f = _ones_forward(q, k, v, ld, u, S0, n0, scale, cu_seqlens, C, prec)
         ctx.save_for_backward(q, k, v, ld, u, S0, n0)
         ctx.cfg = (scale, cu_seqlens, C, prec)
+        ctx.h0_box = _op._NEXT_BOX[0]  # a context-parallel slice's entering [S | n] (op.BackwardInitialState)
         # unused outputs' gradients arrive as None, not zero tensors (an unused final state would enter the
         # backward's state kernel as a zero dS: a fill and an extra load per step)
         ctx.set_materialize_grads(False)
@@ -175,8 +177,14 @@ class _OnesFn(torch.autograd.Function):
         scale, cu_seqlens, C, prec = ctx.cfg
         do = do if do is not None else torch.zeros_like(v)
         need_ld = ld is not None and ctx.needs_input_grad[3]
-        dq, dk, dv, dld, dS0, du, dn0 = _ones_backward(q, k, v, ld, u, S0, n0, do, dden, dS, dn, scale, cu_seqlens, C,
-                                                       need_ld, prec)
+        S0b, n0b = S0, n0
+        box = ctx.h0_box
+        if box is not None and box.value is not None:  # run from the entering state: the gradients of o + its term
+            S0b, n0b = box.value[..., :-1].contiguous(), box.value[..., -1].contiguous()
+        dq, dk, dv, dld, dS0, du, dn0 = _ones_backward(q, k, v, ld, u, S0b, n0b, do, dden, dS, dn, scale, cu_seqlens,
+                                                       C, need_ld, prec)
+        if S0 is None:  # the box's state is not an input
+            dS0 = dn0 = None
         return dq, dk, dv, dld, du, dS0, (None if dn0 is None else dn0.to(n0.dtype)), None, None, None, None
 
 

@@ -226,14 +226,33 @@ def _exp_run(q, k, v, ldp, logw, m, mT, initial_state, eps, kw, anchor=None):
     return h, (S * fT[..., None, None], n * fT[..., None], mT.to(S.dtype))
 
 
+def _exp_pieces(i, f, tokens, offsets, scan, N):
+    """Of each of the N sequences of i, f [B, T, H] (packed: tokens and offsets, the PackedTokens and cu_seqlens of
+    the pieces): F_total = Σ logσ(f) and m_alone = F_total + max_t (i_t − F_t), the max state that leaves it from an
+    entering −∞ (`_mlstm_exp_cp`), each [N, H] float64 and differentiable. From scan (`_exp_scan`) where the PyTorch
+    path has it, else from the gate kernels' m_T with a floor below every i − F (it then takes no part)."""
+    if scan is not None:
+        _, _, Fc, M = scan
+        F_total = last_step(Fc, tokens)
+        return F_total, F_total + last_step(M, tokens)
+    from ._mlstm_gate_kernels import mlstm_exp_gates
+    lf = F.logsigmoid(f.double())
+    F_total = lf.sum(1) if tokens is None else last_step(cumsum_per_sequence(lf, tokens), tokens)
+    floor = torch.full((N, i.shape[2]), -1e30, dtype=torch.float64, device=i.device)
+    return F_total, mlstm_exp_gates(i, f, floor, offsets)[3]
+
+
 def _mlstm_exp_cp(q, k, v, i, f, eps, initial_state, group, kw):
     """mLSTMexp with context parallelism. The max state is a scan across ranks too: over a piece of a sequence
     (a rank's slice, or the part of a packed sequence on it), with F the piece's own cumulative logσ(f) and
     P = max over the piece of (i_s − F_s), the max state leaving it is
 
-        m_exit = F_total + max(m_enter, P)            (the closed form of the module docstring, per piece)
+        m_exit = F_total + max(m_enter, P) = max(F_total + m_enter, m_alone),   m_alone = F_total + P
+                                                       (the closed form of the module docstring, per piece)
 
-    so every rank sends (F_total, P, and its initial m_0 where a sequence starts) of each of its pieces in one
+    m_alone being the max state that leaves the piece from an entering −∞ (on the Triton backend the gate kernels'
+    m_T from a floor far below every i − F: no PyTorch scan). So every rank sends (F_total, m_alone, and its initial
+    m_0 where a sequence starts) of each of its pieces in one
     small differentiable all-gather (float64), and every rank runs the scan over ranks and pieces: the max
     state entering its own pieces, and each sequence's final m. Locally m_t = F_t + max(m_enter, cummax(i − F)_t)
     is then exactly the global max state, so the core's keys k·exp(i − m̂) and decays ld' are those of the
@@ -278,13 +297,14 @@ def _mlstm_exp_cp(q, k, v, i, f, eps, initial_state, group, kw):
     # this rank's pieces: (F_total, P, m_0 where the piece starts its sequence), gathered from every rank
     offsets = cp.local_offsets(me, cu_seqlens)
     tokens = None if offsets is None else PackedTokens.of(offsets, T, q.device)
-    scan = _exp_scan(i, f, tokens)
+    triton = runs_triton(kw["backend"], q.device)
+    scan = None if triton else _exp_scan(i, f, tokens)
     m0 = initial_state[2].double() if initial_state is not None else None
     zero = torch.zeros(Bs, H, dtype=torch.float64, device=q.device)
     first = [(m0[n:n + 1] if c is not None else m0) if st and m0 is not None else zero
              for (n, _, _), st in zip(me["pieces"], me["starts"])]
-    rows = torch.stack([last_step(scan[2], tokens).view(Np, Bs, H), last_step(scan[3], tokens).view(Np, Bs, H),
-                        torch.stack(first)], -1)
+    F_total, m_alone = _exp_pieces(i, f, tokens, offsets, scan, Np * Bs)
+    rows = torch.stack([F_total.view(Np, Bs, H), m_alone.view(Np, Bs, H), torch.stack(first)], -1)
     nrows = max(len(p["pieces"]) for p in plans)
     buf = torch.cat([rows.reshape(-1), rows.new_zeros((nrows - Np) * Bs * H * 3)])
     G = cp.gather(buf, group, needs_grad).view(R, nrows, Bs, H, 3)
@@ -296,8 +316,8 @@ def _mlstm_exp_cp(q, k, v, i, f, eps, initial_state, group, kw):
             m_in = G[j, p, ..., 2] if plans[j]["starts"][p] else run[n]
             if j == rank:
                 enter.append(m_in)
-            run[n] = G[j, p, ..., 0] + torch.maximum(m_in, G[j, p, ..., 1])
-    if runs_triton(kw["backend"], q.device):  # this slice's gates from the entering max states, as on one GPU
+            run[n] = torch.maximum(G[j, p, ..., 0] + m_in, G[j, p, ..., 1])
+    if triton:  # this slice's gates from the entering max states, as on one GPU
         from ._mlstm_gate_kernels import mlstm_exp_gates
         ldp, logw, m, _ = mlstm_exp_gates(i, f, torch.cat(enter), offsets, decay_dtype(q))
     else:
@@ -305,8 +325,9 @@ def _mlstm_exp_cp(q, k, v, i, f, eps, initial_state, group, kw):
     mT = None
     if kw["output_final_state"]:
         mT = torch.cat([run[n] for n in range(N)]) if c is not None else run[0]
-    return _exp_run(q, k, v, ldp, logw, m, mT, initial_state, eps, dict(kw, cp_group=group),
-                    anchor=G if needs_grad else None)
+    with cp.agreed([row[:2] for row in metas]):  # the core call's gather of the same facts, made above
+        return _exp_run(q, k, v, ldp, logw, m, mT, initial_state, eps, dict(kw, cp_group=group),
+                        anchor=G if needs_grad else None)
 
 
 def mlstm_step(q, k, v, i, f, state=None, variant="exp", *, eps=1e-6, scale=None):
