@@ -21,6 +21,7 @@
 #                                                  # and gpu_cp_host.py on the three families
 #     bash benchmarks/gpu_pending_session45.sh 7   # part 3's traces again after the changes, for mLSTMexp and GLA
 #     bash benchmarks/gpu_pending_session45.sh 8   # part 6's timings again (a second round)
+#     bash benchmarks/gpu_pending_session45.sh 9   # the GPU suite on the session's final tree
 # Writes $OUT/pending45.log and $OUT/cp_*.json.
 NAME=pending45
 source "$(dirname "$0")/gpu_pending_common.sh"
@@ -48,6 +49,7 @@ case "$PART" in
    cp "$OUT/gpu_context_parallel.json" "$OUT/cp_time_after_round2.json"
    TMO=200 run NCCL_NVLS_ENABLE=0 torchrun --standalone --nproc_per_node=2 benchmarks/gpu_cp_host.py \
        --kinds mlstm_exp --T 131072 --reps 9 ;;
+9) TMO=400 run ULA_TEST_GPU=1 python3 -m pytest -q -n 8 -p no:cacheprovider tests -rfE ;;
 4) TMO=200 run NCCL_NVLS_ENABLE=0 torchrun --standalone --nproc_per_node=2 benchmarks/gpu_cp_host.py \
        --kinds mlstm_exp,mlstm_sig,gla --T 131072 --cprofile ;;
 5) for E in "ULA_EXP_PRIO=0" "ULA_EXP_PRIO=1" "ULA_EXP_ONE=1" "ULA_EXP_PRIO=1 ULA_EXP_ONE=1" "ULA_EXP_PRIO=0"; do
