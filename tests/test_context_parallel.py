@@ -79,6 +79,9 @@ def _cases(R):
         # input gates far below 0: every slice's own max over i − F is below the entering state's (each rank's
         # crossing max state comes from the gate kernels with a floor that must sit below it, not at 0)
         cases.append(dict(op="mlstm_exp", varlen=False, B=2, T=61, h0=False, final=True, backend="triton", low=True))
+        # packed sequences on the ones kernels: the backward's entering [S | n] one row per piece (the entry piece's E,
+        # the initial state's rows where sequences start)
+        cases.append(dict(op="mlstm_exp", varlen=[0, 9, 45, 61], B=1, T=61, h0=True, final=True, backend="triton"))
     # mLSTMexp: the max state m crosses the ranks too; its initial state is the tuple (C, n, m)
     cu = {2: [0, 9, 20, 45, 61], 4: [0, 3, 7, 30, 50, 61]}[R]
     cases.append(dict(op="mlstm_exp", varlen=False, B=2, T=61, h0=True, final=True))

@@ -50,7 +50,10 @@ def _intra_vector(q, k, v, b, c):
     split in halves, and every pair (i in the right half, j in the left half) goes through the last step
     r of the left half, exp(b_i - b_j) = exp(b_i - b_r) exp(b_r - b_j), both factors at most 1, so the
     pairs are one matmul. Levels h = C/2, ..., 1 cover every pair i > j; the diagonal i = j has no decay.
-    Memory is O(C·D) per chunk at every level: no [C, C, D] tensor."""
+    Memory is O(C·D) per chunk at every level: no [C, C, D] tensor. At h <= 2 the pairs are products and sums, not
+    matmuls of 2 x 2 or 1 x 1 blocks (on a CPU those cost more than their arithmetic: the demo's GLA shape, B32 T64
+    H2 K32, 10-20% of this function; benchmarks/RESULTS.md, session 45), and at h = 1 the left factors, exp(0), are
+    left out."""
     C = q.shape[-2]
     o = (q * k).sum(-1, keepdim=True) * v  # i = j
     h = C // 2
@@ -61,12 +64,20 @@ def _intra_vector(q, k, v, b, c):
         if b is not None:
             bb = blk(b)
             br = bb[..., h - 1:h, :]
-            qR, kL = qR * _exp(bb[..., h:, :] - br, qR), kL * _exp(br - bb[..., :h, :], kL)
+            qR = qR * _exp(bb[..., h:, :] - br, qR)
+            if h > 1:  # at h = 1 the left half is step r itself
+                kL = kL * _exp(br - bb[..., :h, :], kL)
         if c is not None:
             cb = blk(c)
             cr = cb[..., h - 1:h, :]
-            vL = vL * _exp(cr - cb[..., :h, :], vL)
-        part = (qR @ kL.transpose(-1, -2)) @ vL
+            if h > 1:
+                vL = vL * _exp(cr - cb[..., :h, :], vL)
+        if h == 1:
+            part = (qR * kL).sum(-1, keepdim=True) * vL
+        elif h == 2:
+            part = ((qR.unsqueeze(-2) * kL.unsqueeze(-3)).sum(-1).unsqueeze(-1) * vL.unsqueeze(-3)).sum(-2)
+        else:
+            part = (qR @ kL.transpose(-1, -2)) @ vL
         if c is not None:
             part = part * _exp(cb[..., h:, :] - cr, part)
         ob = blk(o)
