@@ -278,6 +278,12 @@ def _mismatches_raise_everywhere(rank, R, group):
         "key_gate on one rank": _raises_everywhere(
             lambda: ula.linear_attention(q, q, q, key_gate=i[..., :1] if last else i, cp_group=group)),
     }
+    # mLSTMexp's state in another dtype, given where the sequence starts only (the first rank): before the op checked
+    # it, its core call raised there alone and the other ranks waited in the state gather
+    st = tuple(torch.zeros(shape, dtype=torch.bfloat16) for shape in ((1, 2, 8, 8), (1, 2, 8), (1, 2)))
+    checks["mlstm exp bfloat16 state on the first rank"] = _raises_everywhere(
+        lambda: ula.mlstm(q, q, q, i, i, initial_state=st if rank == 0 else None, cp_group=group),
+        *(("initial_state", "float32") if rank == 0 else ("rank(s) [0]",)))
     # an initial state that requires grad on the first rank only: the message says where it must go
     h0 = torch.randn(1, 2, 8, 8, requires_grad=True) if rank == 0 else None
     checks["initial_state requiring grad on one rank"] = _raises_everywhere(

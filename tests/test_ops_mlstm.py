@@ -190,3 +190,10 @@ def test_mlstm_bad_arguments():
         ula.mlstm(q, q, q, torch.zeros(1, 5, H), torch.zeros(1, 5, H), variant="tanh")
     with pytest.raises(ValueError, match="i \\(gate"):
         ula.mlstm(q, q, q, torch.zeros(1, 5, H, 1), torch.zeros(1, 5, H))
+    g = torch.zeros(1, 5, H)
+    for dt in (torch.bfloat16, torch.float64):  # states stay float32 (float64 with float64 inputs)
+        with pytest.raises(TypeError, match="mlstm: initial_state must be float32.*" + str(dt)):
+            ula.mlstm(q, q, q, g, g, initial_state=tuple(torch.zeros(s, dtype=dt) for s in ((1, H, K, K), (1, H, K),
+                                                                                            (1, H))))
+        with pytest.raises(TypeError, match="mlstm: initial_state must be float32"):
+            ula.mlstm(q, q, q, g, g, variant="sig", initial_state=torch.zeros(1, H, K, K, dtype=dt))

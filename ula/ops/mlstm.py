@@ -152,6 +152,13 @@ def _check_inputs(q, k, v, i, f, variant, initial_state, cu_seqlens, chunk_size,
     _check_gates("mlstm", q.shape[:3], "[B, T, H]", i, f, q.device, True)
     _check_state("mlstm", variant, initial_state, num_sequences(q, cu_seqlens), *q.shape[2:], v.shape[-1], q.device,
                  "B" if cu_seqlens is None else "N", True)
+    if initial_state is not None:  # the core's rule, said here before context parallelism's metadata gather: a state
+        # passed only where sequences start (the first rank) must raise on every rank, not on that one alone
+        C0 = initial_state if variant == "sig" else initial_state[0]
+        allowed = (torch.float32, torch.float64) if q.dtype == torch.float64 else (torch.float32,)
+        if C0.dtype not in allowed:
+            raise TypeError(f"mlstm: initial_state must be float32 (float64 too with float64 inputs), the dtype of the "
+                            f"states it returns; got {C0.dtype}")
 
 
 def mlstm(q, k, v, i, f, variant="exp", *, eps=1e-6, scale=None, initial_state=None, output_final_state=False,
