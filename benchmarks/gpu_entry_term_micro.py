@@ -1,7 +1,9 @@
 """The context-parallel entry term's kernels alone, at one rank's slice as mLSTMexp runs them on 2 GPUs
 (B1 L65536 H16 K128 bf16, a scalar log decay): the values' call (V=128, bf16 operands) and the normalizer column's
 (V=1, float32 operands, `wide`), forward and forward+backward (all gradients: q, the decay, E), median of CUDA-event
-timings. Usage: python3 benchmarks/gpu_entry_term_micro.py [--L 65536] [--reps 30] -> JSON on stdout."""
+timings. --vector: GLA's case instead, a log decay per feature (float32, [B, L, H, K]), the values' call only, q's
+gradient and the decay's left to the core as context parallelism's eager runs do (E's alone).
+Usage: python3 benchmarks/gpu_entry_term_micro.py [--L 65536] [--reps 30] [--vector] -> JSON on stdout."""
 import argparse
 import json
 import os
@@ -22,14 +24,18 @@ def main():
     p.add_argument("--H", type=int, default=16)
     p.add_argument("--K", type=int, default=128)
     p.add_argument("--reps", type=int, default=30)
+    p.add_argument("--vector", action="store_true")
     a = p.parse_args()
     dev = torch.device("cuda")
     B, L, H, K = 1, a.L, a.H, a.K
     q = torch.randn(B, L, H, K, device=dev, dtype=torch.bfloat16).requires_grad_()
-    gl = F.logsigmoid(torch.randn(B, L, H, 1, device=dev) + 4).requires_grad_()  # canonical: [B, L, H, 1]
+    gl = F.logsigmoid(torch.randn(B, L, H, K if a.vector else 1, device=dev) + 4).requires_grad_()  # canonical
+    if a.vector:  # as the eager runs pass them: detached, E's gradient alone
+        q, gl = q.detach(), gl.detach()
     res = {"device": torch.cuda.get_device_name(dev), "torch": torch.__version__, "triton": triton.__version__,
-           "shape": dict(B=B, L=L, H=H, K=K), "ms": {}}
-    for name, V, wide, odt in (("values", 128, False, torch.bfloat16), ("den_column", 1, True, torch.float32)):
+           "shape": dict(B=B, L=L, H=H, K=K), "vector": a.vector, "tune": os.environ.get("ULA_ENTRY_TUNE"), "ms": {}}
+    calls = (("values", 128, False, torch.bfloat16), ("den_column", 1, True, torch.float32))
+    for name, V, wide, odt in calls[:1] if a.vector else calls:
         E = torch.randn(B, H, K, V, device=dev, dtype=torch.float32).requires_grad_()
         o = torch.randn(B, L, H, V, device=dev, dtype=odt)
         do = torch.randn_like(o)

@@ -22,6 +22,9 @@
 #     bash benchmarks/gpu_pending_session45.sh 7   # part 3's traces again after the changes, for mLSTMexp and GLA
 #     bash benchmarks/gpu_pending_session45.sh 8   # part 6's timings again (a second round)
 #     bash benchmarks/gpu_pending_session45.sh 9   # the GPU suite on the session's final tree
+#     bash benchmarks/gpu_pending_session45.sh 10  # GLA's entry term forward at one rank's slice (B1 L65536 H16 K=V=128,
+#                                                  # a decay per feature): chunks per program and warps
+#                                                  # (ULA_ENTRY_TUNE="span,warps_fwd,warps_dq"; default 4,8,8)
 # Writes $OUT/pending45.log and $OUT/cp_*.json.
 NAME=pending45
 source "$(dirname "$0")/gpu_pending_common.sh"
@@ -50,6 +53,10 @@ case "$PART" in
    TMO=200 run NCCL_NVLS_ENABLE=0 torchrun --standalone --nproc_per_node=2 benchmarks/gpu_cp_host.py \
        --kinds mlstm_exp --T 131072 --reps 9 ;;
 9) TMO=400 run ULA_TEST_GPU=1 python3 -m pytest -q -n 8 -p no:cacheprovider tests -rfE ;;
+10) for TU in "" 1,8,8 2,8,8 8,8,8 2,4,8 4,4,8 1,4,8; do
+     if [ -n "$TU" ]; then PRE=(ULA_ENTRY_TUNE=$TU); else PRE=(); fi
+     TMO=60 run "${PRE[@]}" python3 benchmarks/gpu_entry_term_micro.py --vector --reps 30
+   done ;;
 4) TMO=200 run NCCL_NVLS_ENABLE=0 torchrun --standalone --nproc_per_node=2 benchmarks/gpu_cp_host.py \
        --kinds mlstm_exp,mlstm_sig,gla --T 131072 --cprofile ;;
 5) for E in "ULA_EXP_PRIO=0" "ULA_EXP_PRIO=1" "ULA_EXP_ONE=1" "ULA_EXP_PRIO=1 ULA_EXP_ONE=1" "ULA_EXP_PRIO=0"; do

@@ -32,7 +32,8 @@ def main():
         print("\n  start     ms  gap before  kernel")
         for e in gpu:
             gap = (e["ts"] - end) / 1e3
-            print(f"{(e['ts'] - t0) / 1e3:8.3f} {e['dur'] / 1e3:6.3f} {gap if gap > 0.02 else 0:8.3f}  {e['name'][:70]}")
+            gap = gap if gap > 0.02 else 0
+            print(f"{(e['ts'] - t0) / 1e3:8.3f} {e['dur'] / 1e3:6.3f} {gap:8.3f}  {e['name'][:70]}")
             end = max(end, e["ts"] + e["dur"])
 
 

@@ -258,12 +258,12 @@ def _mlstm_exp_cp(q, k, v, i, f, eps, initial_state, group, kw):
                                                        (the closed form of the module docstring, per piece)
 
     m_alone being the max state that leaves the piece from an entering −∞ (on the Triton backend the gate kernels'
-    m_T from a floor far below every i − F: no PyTorch scan). So every rank sends (F_total, m_alone, and its initial
-    m_0 where a sequence starts) of each of its pieces in one
-    small differentiable all-gather (float64), and every rank runs the scan over ranks and pieces: the max
-    state entering its own pieces, and each sequence's final m. Locally m_t = F_t + max(m_enter, cummax(i − F)_t)
-    is then exactly the global max state, so the core's keys k·exp(i − m̂) and decays ld' are those of the
-    single-process call and `linear_attention(..., cp_group=group)` carries the stabilised [C | n] across ranks.
+    m_T from a floor far below every i − F: no PyTorch scan). So every rank sends (F_total, m_alone, and its
+    initial m_0 where a sequence starts) of each of its pieces in one small differentiable all-gather (float64),
+    and every rank runs the scan over ranks and pieces: the max state entering its own pieces, and each
+    sequence's final m. Locally m_t = F_t + max(m_enter, cummax(i − F)_t) is then exactly the global max state, so
+    the core's keys k·exp(i − m̂) and decays ld' are those of the single-process call and
+    `linear_attention(..., cp_group=group)` carries the stabilised [C | n] across ranks.
     Gradients of i, f and m_0 of earlier ranks reach them through the all-gather's backward. The keys are tied
     to the gathered data (`tie`) so that on every rank the backward runs the core's collective before this
     one (the same order everywhere)."""
@@ -301,7 +301,7 @@ def _mlstm_exp_cp(q, k, v, i, f, eps, initial_state, group, kw):
     me = plans[rank]
     Np, Bs = len(me["pieces"]), (1 if c is not None else B)
 
-    # this rank's pieces: (F_total, P, m_0 where the piece starts its sequence), gathered from every rank
+    # this rank's pieces: (F_total, m_alone, m_0 where the piece starts its sequence), gathered from every rank
     offsets = cp.local_offsets(me, cu_seqlens)
     tokens = None if offsets is None else PackedTokens.of(offsets, T, q.device)
     triton = runs_triton(kw["backend"], q.device)
