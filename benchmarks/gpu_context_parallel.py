@@ -51,7 +51,8 @@ def make(kind, B, T, device, seed):
     return q, k, v, ld
 
 
-def fwd_bwd(q, k, v, ld, group, kind="core"):
+def forward(q, k, v, ld, group, kind="core"):
+    """(o, the leaf inputs) of one call of the op `kind` on fresh leaves of the inputs."""
     gates = ld if isinstance(ld, tuple) else (ld,)
     xs = [x.detach().requires_grad_() for x in (q, k, v)] + [None if x is None else x.detach().requires_grad_()
                                                            for x in gates]
@@ -61,8 +62,24 @@ def fwd_bwd(q, k, v, ld, group, kind="core"):
         o, _ = ula.gla(*xs, cp_group=group)
     else:
         o, _ = ula.linear_attention(*xs, cp_group=group)
+    return o, xs
+
+
+def fwd_bwd(q, k, v, ld, group, kind="core"):
+    o, xs = forward(q, k, v, ld, group, kind)
     o.backward(torch.ones_like(o))
     return o, xs
+
+
+def rank_slice(kind, T, dev, rank, R):
+    """(q, k, v, ld) of `make(kind, 1, T, ...)`, cut to this rank's T / R steps (copies: a view would keep all of T
+    alive)."""
+    q, k, v, ld = make(kind, 1, T, dev, 0)
+    n = T // R
+    sl = lambda x: x[:, rank * n:(rank + 1) * n].clone()  # noqa: E731
+    cut = (lambda x: sl(x) if x is not None and x.dim() > 1 else x)
+    ld = tuple(map(cut, ld)) if isinstance(ld, tuple) else cut(ld)  # mLSTM: the gates (i, f)
+    return sl(q), sl(k), sl(v), ld
 
 
 def timed(fn, reps, group=None):

@@ -29,19 +29,7 @@ import triton  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from gpu_context_parallel import fwd_bwd, make  # noqa: E402
-import ula  # noqa: E402
-
-
-def forward(q, k, v, ld, group, kind):
-    gates = ld if isinstance(ld, tuple) else (ld,)
-    xs = [x.detach().requires_grad_() for x in (q, k, v)] + [None if x is None else x.detach().requires_grad_()
-                                                           for x in gates]
-    if kind.startswith("mlstm"):
-        return ula.mlstm(*xs, variant=kind.split("_")[1], cp_group=group)[0]
-    if kind == "gla":
-        return ula.gla(*xs, cp_group=group)[0]
-    return ula.linear_attention(*xs, cp_group=group)[0]
+from gpu_context_parallel import forward, fwd_bwd, rank_slice  # noqa: E402
 
 
 def measure(q, k, v, ld, group, kind, reps):
@@ -73,7 +61,7 @@ def measure(q, k, v, ld, group, kind, reps):
         dist.barrier()
         torch.cuda.synchronize()
         t0 = time.perf_counter()
-        o = forward(q, k, v, ld, group, kind)
+        o, _ = forward(q, k, v, ld, group, kind)
         fw.append((time.perf_counter() - t0) * 1e3)
         o.backward(torch.ones_like(o))
         torch.cuda.synchronize()
@@ -94,12 +82,7 @@ def main():
     dev = torch.device("cuda", rank)
     world = dist.group.WORLD
     for kind in a.kinds.split(","):
-        q, k, v, ld = make(kind, 1, a.T, dev, 0)
-        n = a.T // R
-        sl = lambda x: x[:, rank * n:(rank + 1) * n].clone()  # noqa: E731
-        q, k, v = sl(q), sl(k), sl(v)
-        cut = (lambda x: sl(x) if x is not None and x.dim() > 1 else x)
-        ld = tuple(map(cut, ld)) if isinstance(ld, tuple) else cut(ld)
+        q, k, v, ld = rank_slice(kind, a.T, dev, rank, R)
         res = {"rank": rank, "device": torch.cuda.get_device_name(dev), "torch": torch.__version__,
                "triton": triton.__version__, "kind": kind, "T_total": a.T}
         for name, group in (("alone", None), ("cp", world)):
@@ -111,7 +94,7 @@ def main():
                 dist.barrier()
                 torch.cuda.synchronize()
                 prof.enable()
-                o = forward(q, k, v, ld, world, kind)
+                o, _ = forward(q, k, v, ld, world, kind)
                 prof.disable()
                 o.backward(torch.ones_like(o))
             torch.cuda.synchronize()

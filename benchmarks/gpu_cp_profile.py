@@ -20,7 +20,7 @@ import triton  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from gpu_context_parallel import fwd_bwd, make, timed  # noqa: E402
+from gpu_context_parallel import fwd_bwd, rank_slice, timed  # noqa: E402
 import ula.core.context_parallel as cpm  # noqa: E402
 
 
@@ -36,12 +36,7 @@ def main():
     rank, R = dist.get_rank(), dist.get_world_size()
     torch.cuda.set_device(rank)
     dev = torch.device("cuda", rank)
-    q, k, v, ld = make(a.kind, 1, a.T, dev, 0)
-    n = a.T // R
-    sl = lambda x: x[:, rank * n:(rank + 1) * n].clone()  # noqa: E731  (a view would keep all of T alive)
-    q, k, v = sl(q), sl(k), sl(v)
-    cut = (lambda x: sl(x) if x is not None and x.dim() > 1 else x)
-    ld = tuple(map(cut, ld)) if isinstance(ld, tuple) else cut(ld)  # mLSTM: the gates (i, f)
+    q, k, v, ld = rank_slice(a.kind, a.T, dev, rank, R)
     if a.phases:
         phases(q, k, v, ld, a, rank, R)
         dist.destroy_process_group()

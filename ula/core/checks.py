@@ -120,13 +120,19 @@ def check_linear_attention(q, k, v, ld, rd, scale, initial_state, cu_seqlens, ch
         if tuple(initial_state.shape) != (N, H, K, V):
             what = "[N, H, K, V] (N sequences of cu_seqlens)" if cu_seqlens is not None else "[B, H, K, V]"
             raise ValueError(f"initial_state must be {what} = {(N, H, K, V)}, got {tuple(initial_state.shape)}")
-        allowed = (torch.float32, torch.float64) if q.dtype == torch.float64 else (torch.float32,)
-        if initial_state.dtype not in allowed:
-            raise TypeError(f"initial_state must be float32 (states are kept in float32; float64 too with float64 "
-                            f"inputs), got {initial_state.dtype}")
+        check_state_dtype(initial_state, q)
         check_device("initial_state", initial_state, q.device)
     check_chunk_backend(chunk_size, backend)
     check_key_gate(key_gate, q)
+
+
+def check_state_dtype(state, q, op=None):
+    """An initial state's dtype: float32, float64 too with float64 inputs (the dtype of the states a call returns)."""
+    allowed = (torch.float32, torch.float64) if q.dtype == torch.float64 else (torch.float32,)
+    if state.dtype not in allowed:
+        pre = f"{op}: " if op else ""
+        raise TypeError(f"{pre}initial_state must be float32 (states are kept in float32; float64 too with float64 "
+                        f"inputs), got {state.dtype}")
 
 
 def check_chunk_backend(chunk_size, backend, op=None):

@@ -79,7 +79,7 @@ import torch
 import torch.distributed as dist
 
 from .api import linear_attention
-from .checks import check_linear_attention
+from .checks import check_linear_attention, check_state_dtype
 from .cp_entry import add_entry_term
 from .cu_cache import host_values
 from .ones import linear_attention_with_ones
@@ -216,10 +216,9 @@ def _local_checks(q, k, v, ld, rd, scale, initial_state, cu_seqlens, chunk_size,
             got = tuple(initial_state.shape) if isinstance(initial_state, torch.Tensor) else type(initial_state).__name__
             raise ValueError(f"initial_state must be {'[N, H, K, V]' if cu_seqlens is not None else '[B, H, K, V]'}"
                              f" = {(N, H, K, V)}, got {got}")
-        allowed = (torch.float32, torch.float64) if q.dtype == torch.float64 else (torch.float32,)
-        if initial_state.dtype not in allowed or initial_state.device != q.device:
-            raise TypeError(f"initial_state must be float32 on the device of q, got {initial_state.dtype} "
-                            f"on {initial_state.device}")
+        check_state_dtype(initial_state, q)
+        if initial_state.device != q.device:
+            raise TypeError(f"initial_state must be on the device of q ({q.device}), got {initial_state.device}")
 
 
 def agree(group, err, same, own, device, who):

@@ -50,7 +50,7 @@ from ..core.cu_cache import host_values
 from ..core.context_parallel import raised_everywhere
 from ..core.ones import linear_attention_with_ones, with_ones_column
 from ..core.time_scan import scan_time
-from ..core.checks import short_repr
+from ..core.checks import check_state_dtype, short_repr
 from ._checks import check_float, check_number, check_sequence, check_state_tuple, check_step_qkv, num_sequences
 from ._common import PackedTokens, _step, cumsum_per_sequence, decay_dtype, last_step, per_step, state_dtype
 
@@ -154,11 +154,7 @@ def _check_inputs(q, k, v, i, f, variant, initial_state, cu_seqlens, chunk_size,
                  "B" if cu_seqlens is None else "N", True)
     if initial_state is not None:  # the core's rule, said here before context parallelism's metadata gather: a state
         # passed only where sequences start (the first rank) must raise on every rank, not on that one alone
-        C0 = initial_state if variant == "sig" else initial_state[0]
-        allowed = (torch.float32, torch.float64) if q.dtype == torch.float64 else (torch.float32,)
-        if C0.dtype not in allowed:
-            raise TypeError(f"mlstm: initial_state must be float32 (float64 too with float64 inputs), the dtype of the "
-                            f"states it returns; got {C0.dtype}")
+        check_state_dtype(initial_state if variant == "sig" else initial_state[0], q, "mlstm")
 
 
 def mlstm(q, k, v, i, f, variant="exp", *, eps=1e-6, scale=None, initial_state=None, output_final_state=False,
