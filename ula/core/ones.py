@@ -90,7 +90,7 @@ def linear_attention_with_ones(q, k, v, ld=None, *, scale=None, initial_state=No
     prec = precision.encode(precision.resolve(()))  # "fast" unless set_precision says otherwise
     if torch.compiler.is_compiling():
         fwd = ones_fwd if cu_seqlens is None else ones_packed_fwd
-        o, den, S, n = fwd(q, k, v, ld, key_gate, S0, n0, scale, cu_seqlens, C, prec)
+        o, den, S, n, _ = fwd(q, k, v, ld, key_gate, S0, n0, scale, cu_seqlens, C, prec)
         return o, den, ((S, n) if output_final_state else None)
     if q.is_cuda:  # a new configuration's kernels compiled in parallel before its first run
         from .triton.precompile import compile_in_parallel, grad_wanted
@@ -102,7 +102,8 @@ def linear_attention_with_ones(q, k, v, ld=None, *, scale=None, initial_state=No
 
 
 def _ones_forward(q, k, v, ld, u, S0, n0, scale, cu_seqlens, C, prec, **extra):
-    """The forward on the Triton kernels as a dict: o, den, S, n, and carry, zT, rq where asked for (else None);
+    """The forward on the Triton kernels as a dict: o, den, S, n, nb (n at every chunk's border, [B, H, chunks, K]
+    float32: the backward's n_border), and carry, zT, rq where asked for (else None);
     q, k, v contiguous. extra: chunk_output's count0, divide and qnorm (rq: its r of q's rows), and a_part=(e, z0)
     (normalized attention's a part, division and L2 norm of q, ula/ops/_normalized_fused.py): a rank-one feature e
     [B, T, H] float32 of q against a constant key 1, whose state z0 [N, H, V] float32 or None + Σ v the state call
@@ -136,16 +137,17 @@ def _ones_forward_kernels(q, k, v, ld, u, S0, n0, scale, cu_seqlens, C, **extra)
         extra["rank_one"] = (1, a_part[0], carry, None, True)
     outs = chunk_output(q, k, v, b, None, border, h0, scale, layout, False, dot, v.dtype, gate=uc,
                         ones=(nb, nz), state_dot=sdot, **extra)
-    return dict(o=outs[0], den=outs[1], S=S, n=n, carry=carry, zT=zT, rq=outs[2] if len(outs) > 2 else None)
+    return dict(o=outs[0], den=outs[1], S=S, n=n, nb=nb, carry=carry, zT=zT, rq=outs[2] if len(outs) > 2 else None)
 
 
-def _ones_backward(q, k, v, ld, u, S0, n0, do, dden, dS, dn, scale, cu_seqlens, C, need_ld, prec, **extra):
-    """The backward's kernels; extra: fused_backward's dv_rank_one, project, do_weight and q_raw
-    (ula/ops/_normalized_fused.py)."""
+def _ones_backward(q, k, v, ld, u, S0, n0, do, dden, dS, dn, scale, cu_seqlens, C, need_ld, prec, n_border=None,
+                   **extra):
+    """The backward's kernels; n_border: the forward's nb from the same S0, n0 (or None: summed again); extra:
+    fused_backward's dv_rank_one, project, do_weight and q_raw (ula/ops/_normalized_fused.py)."""
     from .triton.backward import fused_backward
     with precision.active(prec):
-        return fused_backward(q, k, v, ld, S0, do, dS, scale, cu_seqlens, False, C, need_ld, u, ones=(dden, n0, dn),
-                              **extra)
+        return fused_backward(q, k, v, ld, S0, do, dS, scale, cu_seqlens, False, C, need_ld, u,
+                              ones=(dden, n0, dn, n_border), **extra)
 
 
 def _dry_ones(q, k, v, ld, u, S0, n0, scale, cu_seqlens, C, grad, prec):
@@ -154,7 +156,7 @@ def _dry_ones(q, k, v, ld, u, S0, n0, scale, cu_seqlens, C, grad, prec):
     f = _ones_forward(q, k, v, ld, u, S0, n0, scale, cu_seqlens, C, prec)
     if grad:
         _ones_backward(q, k, v, ld, u, S0, n0, torch.empty_like(f["o"]), torch.empty_like(f["den"]), None, None, scale,
-                       cu_seqlens, C, ld is not None and ld.requires_grad, prec)
+                       cu_seqlens, C, ld is not None and ld.requires_grad, prec, f["nb"])
 
 
 class _OnesFn(torch.autograd.Function):
@@ -162,7 +164,7 @@ class _OnesFn(torch.autograd.Function):
     def forward(ctx, q, k, v, ld, u, S0, n0, scale, cu_seqlens, C, prec):
         q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
         f = _ones_forward(q, k, v, ld, u, S0, n0, scale, cu_seqlens, C, prec)
-        ctx.save_for_backward(q, k, v, ld, u, S0, n0)
+        ctx.save_for_backward(q, k, v, ld, u, S0, n0, f["nb"])
         ctx.cfg = (scale, cu_seqlens, C, prec)
         ctx.h0_box = _op._NEXT_BOX[0]  # a context-parallel slice's entering [S | n] (op.BackwardInitialState)
         # unused outputs' gradients arrive as None, not zero tensors (an unused final state would enter the
@@ -173,7 +175,7 @@ class _OnesFn(torch.autograd.Function):
     @staticmethod
     @once_differentiable  # kernels' gradients carry no graph: a second derivative raises
     def backward(ctx, do, dden, dS, dn):
-        q, k, v, ld, u, S0, n0 = ctx.saved_tensors
+        q, k, v, ld, u, S0, n0, nb = ctx.saved_tensors
         scale, cu_seqlens, C, prec = ctx.cfg
         do = do if do is not None else torch.zeros_like(v)
         need_ld = ld is not None and ctx.needs_input_grad[3]
@@ -181,8 +183,9 @@ class _OnesFn(torch.autograd.Function):
         box = ctx.h0_box
         if box is not None and box.value is not None:  # run from the entering state: the gradients of o + its term
             S0b, n0b = box.value[..., :-1].contiguous(), box.value[..., -1].contiguous()
+            nb = None  # the forward's borders are not from that state
         dq, dk, dv, dld, dS0, du, dn0 = _ones_backward(q, k, v, ld, u, S0b, n0b, do, dden, dS, dn, scale, cu_seqlens,
-                                                       C, need_ld, prec)
+                                                       C, need_ld, prec, nb)
         if S0 is None:  # the box's state is not an input
             dS0 = dn0 = None
         return dq, dk, dv, dld, du, dS0, (None if dn0 is None else dn0.to(n0.dtype)), None, None, None, None
@@ -193,9 +196,11 @@ class _OnesFn(torch.autograd.Function):
 
 def _fwd_op(q: Tensor, k: Tensor, v: Tensor, ld: Optional[Tensor], u: Optional[Tensor], S0: Optional[Tensor],
             n0: Optional[Tensor], scale: float, cu_seqlens: Optional[Tensor], C: int,
-            prec: str) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+            prec: str) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     f = _ones_forward(q.contiguous(), k.contiguous(), v.contiguous(), ld, u, S0, n0, scale, cu_seqlens, C, prec)
-    return f["o"], f["den"], f["S"], f["n"]
+    # nb for the backward op; a packed call's count of chunks comes from cu_seqlens' values, which the fake function
+    # cannot read: its backward sums the column again
+    return f["o"], f["den"], f["S"], f["n"], f["nb"] if cu_seqlens is None else q.new_empty(EMPTY)
 
 
 def _fwd_fake(q, k, v, ld, u, S0, n0, scale, cu_seqlens, C, prec):
@@ -203,36 +208,37 @@ def _fwd_fake(q, k, v, ld, u, S0, n0, scale, cu_seqlens, C, prec):
     V = v.shape[-1]
     N = B if cu_seqlens is None else cu_seqlens.shape[0] - 1
     f32 = torch.float32
+    nb = q.new_empty((B, H, -(-T // C), K), dtype=f32) if cu_seqlens is None else q.new_empty(EMPTY)
     return (v.new_empty((B, T, H, V)), q.new_empty((B, T, H), dtype=f32), q.new_empty((N, H, K, V), dtype=f32),
-            q.new_empty((N, H, K), dtype=f32))
+            q.new_empty((N, H, K), dtype=f32), nb)
 
 
 def _bwd_op(q: Tensor, k: Tensor, v: Tensor, ld: Optional[Tensor], u: Optional[Tensor], S0: Optional[Tensor],
             n0: Optional[Tensor], do: Tensor, dden: Optional[Tensor], dS: Optional[Tensor], dn: Optional[Tensor],
-            scale: float, cu_seqlens: Optional[Tensor], C: int, need_ld: bool, prec: str) -> List[Tensor]:
+            scale: float, cu_seqlens: Optional[Tensor], C: int, need_ld: bool, prec: str, nb: Tensor) -> List[Tensor]:
     g = _ones_backward(q.contiguous(), k.contiguous(), v.contiguous(), ld, u, S0, n0, do.contiguous(), dden, dS, dn,
-                       scale, cu_seqlens, C, need_ld, prec)
+                       scale, cu_seqlens, C, need_ld, prec, nb if nb.numel() else None)
     like = (q, k, v, ld, S0, u, n0)  # the order of _ones_backward's gradients
     return [q.new_empty(EMPTY) if x is None else x.to(y.dtype).contiguous() for x, y in zip(g, like)]
 
 
-def _bwd_fake(q, k, v, ld, u, S0, n0, do, dden, dS, dn, scale, cu_seqlens, C, need_ld, prec):
+def _bwd_fake(q, k, v, ld, u, S0, n0, do, dden, dS, dn, scale, cu_seqlens, C, need_ld, prec, nb):
     return [fake_like(q, q), fake_like(k, q), fake_like(v, q), fake_like(ld, q, need_ld), fake_like(S0, q),
             fake_like(u, q), fake_like(n0, q)]
 
 
 def _setup(ctx, inputs, output):
     q, k, v, ld, u, S0, n0, scale, cu_seqlens, C, prec = inputs
-    ctx.save_for_backward(q, k, v, ld, u, S0, n0, cu_seqlens)
+    ctx.save_for_backward(q, k, v, ld, u, S0, n0, cu_seqlens, output[4])
     ctx.cfg = (scale, C, prec)
 
 
-def _grads(ctx, do, dden, dS, dn, bwd):
-    q, k, v, ld, u, S0, n0, cu_seqlens = ctx.saved_tensors
+def _grads(ctx, do, dden, dS, dn, _dnb, bwd):
+    q, k, v, ld, u, S0, n0, cu_seqlens, nb = ctx.saved_tensors
     scale, C, prec = ctx.cfg
     need_ld = ld is not None and ctx.needs_input_grad[3]
     dq, dk, dv, dld, dS0, du, dn0 = bwd(q, k, v, ld, u, S0, n0, do if do is not None else torch.zeros_like(v), dden,
-                                        dS, dn, scale, cu_seqlens, C, need_ld, prec)
+                                        dS, dn, scale, cu_seqlens, C, need_ld, prec, nb)
     return (dq, dk, dv, dld if need_ld else None, du if u is not None else None, dS0 if S0 is not None else None,
             dn0 if n0 is not None else None, None, None, None, None)
 

@@ -79,10 +79,12 @@ def fused_backward(q, k, v, ld, h0, do, dS, scale, cu_seqlens, rev, C, need_ld, 
                    dv_rank_one=None, project=None, do_weight=None, q_raw=None):
     """(dq, dk, dv, dld, dh0, d key_gate) of o = F(q, k, v, ld, None, rev) for the gradient do of o and dS of
     the final state (None: zero); ld as the caller gave it ([H], [B, T, H], [B, T, H, K] or None), not floored.
-    ones = (dden, n0, dn): v has one more column of ones, held apart (ula/core/ones.py): dden [B, T, H] the
-    gradient of its output column, n0 / dn [N, H, K] its part of the initial state and of the final state's
-    gradient (each may be None); then dn0 comes last. Forward direction, decays with one value per step: the
-    column enters the dQ and dK passes as a rank-one term of their scores and an extra vector of their states.
+    ones = (dden, n0, dn, n_border): v has one more column of ones, held apart (ula/core/ones.py): dden [B, T, H]
+    the gradient of its output column, n0 / dn [N, H, K] its part of the initial state and of the final state's
+    gradient, n_border [B, H, n, K] float32 its borders as the forward's state call returned them, from the same
+    initial state (each may be None; without n_border the forward's states are summed again with their column);
+    then dn0 comes last. Forward direction, decays with one value per step: the column enters the dQ and dK passes
+    as a rank-one term of their scores and an extra vector of their states.
     dv_rank_one = (e [B, T, H], n_border [B * chunks, H, V]) float32: q has one more feature, e, against a constant
     1 in k (normalized attention's a part): dv gets Σ_{i>=j in the chunk} e_i do_i (times scale) plus n_border, the
     rest of that sum from the later chunks (and the final state's gradient), which the caller forms (no decay).
@@ -111,7 +113,7 @@ def fused_backward(q, k, v, ld, h0, do, dS, scale, cu_seqlens, rev, C, need_ld, 
     e = n0f = dnf = None
     if on:
         assert not rev and not vec
-        dden, n0, dn = ones
+        dden, n0, dn, n_fwd = ones
         e = (dden.float() if dden is not None else q.new_zeros(q.shape[:3], dtype=f32)).contiguous()
         if h0f is not None:
             n0f = n0.to(f32).contiguous() if n0 is not None else h0f.new_zeros(h0f.shape[:-1])
@@ -136,11 +138,13 @@ def fused_backward(q, k, v, ld, h0, do, dS, scale, cu_seqlens, rev, C, need_ld, 
     g_n, dn0 = g[3] if on else (None, None)
     del g  # the tuple would keep g_border alive past its `del` below (one border-sized buffer at the peak)
     # the forward's states (the dQ pass's), and the decay gradient's border terms against the state gradients
+    # the column's borders from the forward where given: not summed again (only their border terms need them)
+    resum = on and n_fwd is None
     f = chunk_states(k, v, b_fwd, None, h0f, layout, rev, sdot_t, f32 if wide else half,
-                     partner=g_border if need_ld else None, gate=u, ones=on, n0=n0f,
-                     partner_n=g_n if need_ld else None)
+                     partner=g_border if need_ld else None, gate=u, ones=resum, n0=n0f if resum else None,
+                     partner_n=g_n if need_ld else None, n_given=n_fwd if on and need_ld and not resum else None)
     f_border, X = f[0], f[2]
-    f_n = f[3][0] if on else None
+    f_n = (f[3][0] if resum else n_fwd) if on else None
     del f
     # a right decay in the dQ and dK passes; one value per step commutes and is carried on the left
     left_q, right_q = (None, b_fwd) if vec else (b_fwd, None)

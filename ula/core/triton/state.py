@@ -196,7 +196,7 @@ def _rows_into_state(S, n, zs, r0, ce, k_base, v_base, c_base, e_base, w_base, c
 @triton.jit
 def _border_products(S, partner, X, b_base, c_base, bord, i_k, i_v, NKT, NVT, ce, eos, kv_off, kc, vc, mk, mv, mkv, K,
                      V, H, DB: tl.constexpr, REVERSE: tl.constexpr, n, partner_n, n_ok, ONES: tl.constexpr,
-                     XR: tl.constexpr, SPLIT: tl.constexpr):
+                     XR: tl.constexpr, SPLIT: tl.constexpr, n_given, NGIVEN: tl.constexpr):
     """S ⊙ partner at one chunk border (bord: its index among all [B, H, n]), times the decay of the step after the
     chunk: the border term X of the log-decay gradient (ula/core/decay_grad.py). A left decay's: row sums over this V
     tile, per K feature; a right decay's (XR): column sums over this K tile, per V feature. That step's log decay is
@@ -215,6 +215,9 @@ def _border_products(S, partner, X, b_base, c_base, bord, i_k, i_v, NKT, NVT, ce
         x = tl.sum(S * p, 1)
         if ONES:  # the extra columns (n and its partner), in the first V tile's sum
             x += _n_col(n, SPLIT) * tl.load(partner_n + bord * K + kc, mask=n_ok, other=0.0).to(tl.float32)
+        elif NGIVEN:  # the column's borders given (the forward's): read, not summed in the loop
+            x += (tl.load(n_given + bord * K + kc, mask=n_ok, other=0.0)
+                  * tl.load(partner_n + bord * K + kc, mask=n_ok, other=0.0).to(tl.float32))
         if DB > 1:
             lam = tl.load(b_base + row.to(tl.int64) * H * DB + kc, mask=mk & ok, other=0.0)
         else:
@@ -229,7 +232,7 @@ def _state_kernel(k, v, b, c, u, h0, border, final, partner, X, n0, n_border, n_
                   HAS_B: tl.constexpr, HAS_C: tl.constexpr, HAS_H0: tl.constexpr, REVERSE: tl.constexpr,
                   VARLEN: tl.constexpr, DOT: tl.constexpr, HAS_X: tl.constexpr, GATE: tl.constexpr, ONES: tl.constexpr,
                   HAS_E: tl.constexpr, XR: tl.constexpr, SPLIT: tl.constexpr, HAS_W: tl.constexpr,
-                  VSUM: tl.constexpr, HAS_Z0: tl.constexpr):
+                  VSUM: tl.constexpr, HAS_Z0: tl.constexpr, NGIVEN: tl.constexpr):
     i_nh, i_k, i_v = tl.program_id(0), tl.program_id(1), tl.program_id(2)  # sequences x heads on axis 0
     i_n, i_h = i_nh // H, i_nh % H  # i_n: a sequence's segment (NS per sequence, _segments) and its final state's row
     if VARLEN:
@@ -302,7 +305,8 @@ def _state_kernel(k, v, b, c, u, h0, border, final, partner, X, n0, n_border, n_
                 _store_n(n_border + (chunk0 + idx) * K, kc, n, n_ok, SPLIT)
             if HAS_X:
                 _border_products(S, partner, X, b_base, c_base, chunk0 + idx, i_k, i_v, NKT, NVT, ce, seq_end, kv_off,
-                                 kc, vc, mk, mv, mkv, K, V, H, DB, REVERSE, n, partner_n, n_ok, ONES, XR, SPLIT)
+                                 kc, vc, mk, mv, mkv, K, V, H, DB, REVERSE, n, partner_n, n_ok, ONES, XR, SPLIT,
+                                 n_border, NGIVEN)
         b_end = 0.0
         c_end = 0.0
         if HAS_F and NB <= 2:
@@ -354,7 +358,8 @@ def _state_kernel(k, v, b, c, u, h0, border, final, partner, X, n0, n_border, n_
                 _store_n(n_border + (chunk0 + idx) * K, kc, n, n_ok, SPLIT)
             if HAS_X:
                 _border_products(S, partner, X, b_base, c_base, chunk0 + idx, i_k, i_v, NKT, NVT, ce, seq_end, kv_off,
-                                 kc, vc, mk, mv, mkv, K, V, H, DB, REVERSE, n, partner_n, n_ok, ONES, XR, SPLIT)
+                                 kc, vc, mk, mv, mkv, K, V, H, DB, REVERSE, n, partner_n, n_ok, ONES, XR, SPLIT,
+                                 n_border, NGIVEN)
     tl.store(final + (i_n.to(tl.int64) * H + i_h) * K * V + kv_off, S, mask=mkv)
     if ONES:
         _store_n(n_final + (i_n.to(tl.int64) * H + i_h) * K, kc, n, n_ok, SPLIT)
@@ -377,7 +382,8 @@ STATE_TILES = (128, 64, 64, 8)
 
 
 def chunk_states(k, v, b, c, h0, layout, reverse, dot, state_dtype=torch.float32, scale=1.0, partner=None, gate=None,
-                 ones=False, n0=None, e=None, partner_n=None, partner_right=False, w=None, v_sums=False, z0=None):
+                 ones=False, n0=None, e=None, partner_n=None, partner_right=False, w=None, v_sums=False, z0=None,
+                 n_given=None):
     """k [B, T, H, K], v [B, T, H, V] contiguous; b [Bg, T, H, K|1], c [Bg, T, H, V] chunk-local cumulative
     log decays (or None); h0 [N, H, K, V] float32 contiguous or None; every k_tᵀ v_t enters times `scale` (and
     exp(gate_t) with a log key gate [B, T, H], contiguous).
@@ -387,7 +393,10 @@ def chunk_states(k, v, b, c, h0, layout, reverse, dot, state_dtype=torch.float32
     decay's, [B, H, n, K tiles, V].
     ones (decays with one value per step): also the state's column for one more column of v, of ones or of e
     [B, T, H] (float32, contiguous), from n0 [N, H, K] float32 (or zero): returned after X as (n_border [B, H, n, K]
-    in state_dtype, n_final [N, H, K] float32); with a partner, its column partner_n joins the border terms.
+    float32, n_final [N, H, K] float32); with a partner, its column partner_n joins the border terms.
+    n_given [B, H, n, K] float32 (not with ones; with partner and partner_n): the column's border values as the
+    forward's call returned them, for the border terms; the loop sums no column (the backward's second call of
+    mLSTMexp on an H200: 0.38 -> 0.20 ms at B2 T8192 H16, 1.23 -> 1.01 ms at B1 T65536; RESULTS.md session 46)
     w [B, T, H] float32 (contiguous): v's rows times w_t, not e's (the backward of a division by the normalizer,
     ula/ops/_normalized_fused.py: v = dout, w = 1 / d).
     v_sums (with ones, going forward, no decay): also the state of a constant key 1 (normalized attention's a part,
@@ -398,7 +407,10 @@ def chunk_states(k, v, b, c, h0, layout, reverse, dot, state_dtype=torch.float32
     V = v.shape[-1]
     N = layout.N
     # a long sequence with few programs: its segments walked side by side, then joined (state_join.py)
-    NS = segments(layout, T, H, K, V, c is not None, b is not None, k.device, ones)
+    given = n_given is not None
+    assert not (given and (ones or partner is None or partner_n is None or n_given.dtype != torch.float32))
+    # split as the same call with the column would be (the forward's, whose borders these are)
+    NS = segments(layout, T, H, K, V, c is not None, b is not None, k.device, ones or given)
     border = alloc((B, H, layout.n, K, V), k.device, state_dtype)
     final = alloc((N * NS, H, K, V), k.device)
     # 8 warps: a program of this sequential loop is alone on its multiprocessor (one warp per scheduler at 4
@@ -440,7 +452,8 @@ def chunk_states(k, v, b, c, h0, layout, reverse, dot, state_dtype=torch.float32
         e = split_parts(e)
     if ones:
         assert c is None and (b is None or b.shape[-1] == 1) and (partner is None or partner_n is not None)
-        n_border = alloc((B, H, layout.n, K), k.device, state_dtype)
+        # float32 whatever the states' dtype: K values beside each border's K x V, read again by the backward
+        n_border = alloc((B, H, layout.n, K), k.device)
         n_final = alloc((N * NS, H, K), k.device)
     z_carry = z_final = None
     if v_sums:
@@ -461,7 +474,8 @@ def chunk_states(k, v, b, c, h0, layout, reverse, dot, state_dtype=torch.float32
     launch(_state_kernel, grid, k, v, b if b is not None else dummy, c if c is not None else dummy,
            gate if gate is not None else dummy, h0 if h0 is not None else dummy, border, final,
            partner if partner is not None else dummy, X if X is not None else dummy,
-           n0 if n0 is not None else dummy, n_border if ones else dummy, n_final if ones else dummy,
+           n0 if n0 is not None else dummy, n_border if ones else (n_given if given else dummy),
+           n_final if ones else dummy,
            e if e is not None else dummy, w if w is not None else dummy, partner_n if partner_n is not None else dummy,
            z0 if z0 is not None else dummy, z_carry if v_sums else dummy, z_final if v_sums else dummy, layout.cu,
            layout.chunk_offset, T, H, K, V, layout.n, NVT,
@@ -470,7 +484,7 @@ def chunk_states(k, v, b, c, h0, layout, reverse, dot, state_dtype=torch.float32
            DB=DB, C=layout.C, NB=layout.C // BT, BT=BT, BK=BK, BV=BV, HAS_B=b is not None, HAS_C=c is not None,
            HAS_H0=h0 is not None, REVERSE=reverse, VARLEN=layout.varlen, DOT=dot, HAS_X=X is not None,
            GATE=gate is not None, ONES=ones, HAS_E=e is not None, XR=partner_right, SPLIT=split, HAS_W=w is not None,
-           VSUM=v_sums, HAS_Z0=v_sums and z0 is not None, num_warps=W, num_stages=stages)
+           VSUM=v_sums, HAS_Z0=v_sums and z0 is not None, NGIVEN=given, num_warps=W, num_stages=stages)
     if NS > 1:
         final, n_final, z_final = join_segments(b, reverse, NS, layout.C, border, final, n_border, n_final, z_carry,
                                                  z_final, (partner, partner_n, X))

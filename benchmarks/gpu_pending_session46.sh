@@ -1,0 +1,38 @@
+#!/bin/bash
+# Session 46's GPU calls (run from the repository root with $OUT set), one H200:
+#     bash benchmarks/gpu_pending_session46.sh 1   # mLSTMexp's backward with the forward's column borders given
+#                                                  # (no column summed in its second state call): each state call
+#                                                  # alone (gpu_state_calls.py), then mLSTMexp and mLSTMsig f+b
+#                                                  # graph replays of this tree and .prev (git archive of c34a2c8)
+#                                                  # in turn at B2 T8192 and B1 T65536 H16
+#     bash benchmarks/gpu_pending_session46.sh 3   # part 1's graph replays again (a second round)
+#     bash benchmarks/gpu_pending_session46.sh 4   # repeated calls, smoke, and both trees' bf16 errors against
+#                                                  # float64
+#     bash benchmarks/gpu_pending_session46.sh 2   # the GPU suite on the session's final tree
+# Writes $OUT/pending46.log, $OUT/fam_*/ and $OUT/quality_*/ (each run's JSON).
+NAME=pending46
+source "$(dirname "$0")/gpu_pending_common.sh"
+export PYTHONPATH=.${PYTHONPATH:+:$PYTHONPATH}
+fam() {  # fam ROUND: mLSTMexp and mLSTMsig f+b graph replays, this tree and .prev in turn, two shapes
+  for sh in 2,8192,16,128,128 1,65536,16,128,128; do
+    for t in .:new .prev:prev; do
+      TMO=150 run python3 "${t%%:*}"/benchmarks/gpu_families_vs_peers.py --sections ops --ours mlstm_exp,mlstm_sig \
+          --peers none --graph --rounds 2 --shape $sh --budget-s 100 --out "$OUT/fam_${t##*:}_${sh//,/_}_$1"
+    done
+  done
+}
+case "$PART" in
+1) for sh in 2,8192,16,128,128 1,65536,16,128,128; do
+     TMO=120 run python3 benchmarks/gpu_state_calls.py --shape $sh
+   done
+   fam 1 ;;
+3) fam 2 ;;
+4) repeats mlstm_exp 2,8192,16,128,128 1,65536,16,128,128 3,3000,4,64,128
+   TMO=200 run python3 benchmarks/gpu_smoke.py --parts ones,families,repeat
+   for t in .:new .prev:prev; do
+     TMO=150 run python3 "${t%%:*}"/benchmarks/gpu_hardening.py --sections quality --q-ops mlstm_exp,mlstm_sig \
+         --budget-s 120 --out "$OUT/quality_${t##*:}"
+   done ;;
+2) TMO=400 run ULA_TEST_GPU=1 python3 -m pytest -q -n 8 -p no:cacheprovider tests -rfE ;;
+esac
+tail -c 11000 "$LOG"
