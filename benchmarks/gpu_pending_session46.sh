@@ -8,6 +8,11 @@
 #     bash benchmarks/gpu_pending_session46.sh 3   # part 1's graph replays again (a second round)
 #     bash benchmarks/gpu_pending_session46.sh 4   # repeated calls, smoke, and both trees' bf16 errors against
 #                                                  # float64
+#     bash benchmarks/gpu_pending_session46.sh 5   # 2 GPUs: the context-parallel backward of mLSTMexp with the
+#                                                  # forward's column borders too (corrected by the entering
+#                                                  # state's column): the check at T = 32768, then this tree and
+#                                                  # .prev (git archive of 5bb2bb6) in turn, B1 T131072 H16, and
+#                                                  # the GPU time with the host ahead (gpu_cp_host.py)
 #     bash benchmarks/gpu_pending_session46.sh 2   # the GPU suite on the session's final tree
 # Writes $OUT/pending46.log, $OUT/fam_*/ and $OUT/quality_*/ (each run's JSON).
 NAME=pending46
@@ -33,6 +38,21 @@ case "$PART" in
      TMO=150 run python3 "${t%%:*}"/benchmarks/gpu_hardening.py --sections quality --q-ops mlstm_exp,mlstm_sig \
          --budget-s 120 --out "$OUT/quality_${t##*:}"
    done ;;
+5) CP="NCCL_NVLS_ENABLE=0 torchrun --standalone --nproc_per_node=2"
+   TMO=200 run $CP benchmarks/gpu_context_parallel.py --kinds "" --families mlstm_exp,mlstm_exp_pos --grad-T 32768 \
+       --T_long 0
+   cp "$OUT/gpu_context_parallel.json" "$OUT/cp_check.json"
+   for round in 1 2; do
+     for t in .:new .prev:prev; do
+       TMO=120 run $CP "${t%%:*}"/benchmarks/gpu_context_parallel.py --kinds mlstm_exp,mlstm_sig --T 131072 \
+           --T_long 0 --reps 5
+       cp "$OUT/gpu_context_parallel.json" "$OUT/cp_time_${t##*:}_round$round.json"
+     done
+   done
+   for t in .:new .prev:prev; do
+     TMO=100 run $CP "${t%%:*}"/benchmarks/gpu_cp_host.py --kinds mlstm_exp --T 131072 --reps 9
+   done
+   rm -f "$OUT/gpu_context_parallel.json" ;;
 2) TMO=400 run ULA_TEST_GPU=1 python3 -m pytest -q -n 8 -p no:cacheprovider tests -rfE ;;
 esac
 tail -c 11000 "$LOG"

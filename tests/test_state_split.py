@@ -122,3 +122,41 @@ def test_which_calls_split(monkeypatch):
     assert seg(2, 8192, 16, decayed=True, ones=True) == 1
     assert seg(1, 32768, 16, cu=torch.tensor([0, 32768])) == 1
     assert seg(1, 4096, 4) == 1  # segments under MIN_SEGMENT
+
+
+@pytest.mark.parametrize("packed,decayed", [(True, True), (False, True), (True, False)])
+def test_entering_column_matches_reference(packed, decayed):
+    """state_join.add_entering_column: the column's borders of a walk from zero, plus each sequence's extra initial
+    column carried through the decays to every border, against a float64 walk of the column from that initial
+    column (ula/core/ones.py's backward under context parallelism: the forward's borders, from another n0)."""
+    import torch.nn.functional as F
+    from ula.core.autograd import canonical_left
+    from ula.core.triton.cumsum import chunk_cumsum
+    from ula.core.triton.utils import DOT_F32
+    fresh_seed()
+    B, Tn, H, K, V, Cn = (1, 77, 2, 16, 16, 16) if packed else (2, 77, 2, 16, 16, 16)
+    cu = torch.tensor([0, 37, 40, 77], dtype=torch.int32) if packed else None
+    N = 3 if packed else B
+    k, v = torch.randn(B, Tn, H, K), torch.randn(B, Tn, H, V)
+    ld = F.logsigmoid(torch.randn(B, Tn, H) + 2) if decayed else None
+    delta = torch.randn(N, H, K)
+    layout = make_layout(B, Tn, Cn, cu, k.device)
+    b = chunk_cumsum(canonical_left(ld, Tn), layout, False) if decayed else None
+    nb = state.chunk_states(k, v, b, None, None, layout, False, DOT_F32, ones=True)[3][0]
+    got = state_join.add_entering_column(nb.clone(), b, layout, delta)
+    want = torch.empty_like(got, dtype=torch.float64)
+    bounds = cu.tolist() if packed else [0, Tn]
+    c0 = 0
+    for row in range(B):
+        for s in range(len(bounds) - 1):
+            n = delta[s if packed else row].double()
+            lo, hi = bounds[s], bounds[s + 1]
+            for t in range(lo, hi):
+                if decayed:
+                    n = n * ld[row, t].double().exp()[:, None]
+                n = n + k[row, t].double()
+                if t + 1 == hi or (t + 1 - lo) % Cn == 0:  # a chunk's last step: its border
+                    want[row, :, c0] = n
+                    c0 += 1
+        c0 = c0 if packed else 0
+    assert (got.double() - want).abs().max() / want.abs().max() < 1e-5

@@ -140,14 +140,15 @@ def _ones_forward_kernels(q, k, v, ld, u, S0, n0, scale, cu_seqlens, C, **extra)
     return dict(o=outs[0], den=outs[1], S=S, n=n, nb=nb, carry=carry, zT=zT, rq=outs[2] if len(outs) > 2 else None)
 
 
-def _ones_backward(q, k, v, ld, u, S0, n0, do, dden, dS, dn, scale, cu_seqlens, C, need_ld, prec, n_border=None,
+def _ones_backward(q, k, v, ld, u, S0, n0, do, dden, dS, dn, scale, cu_seqlens, C, need_ld, prec, fwd=None,
                    **extra):
-    """The backward's kernels; n_border: the forward's nb from the same S0, n0 (or None: summed again); extra:
-    fused_backward's dv_rank_one, project, do_weight and q_raw (ula/ops/_normalized_fused.py)."""
+    """The backward's kernels; fwd: (the forward's nb, None or n0 less the forward's initial column) or None (the
+    column summed again); extra: fused_backward's dv_rank_one, project, do_weight and q_raw
+    (ula/ops/_normalized_fused.py)."""
     from .triton.backward import fused_backward
     with precision.active(prec):
         return fused_backward(q, k, v, ld, S0, do, dS, scale, cu_seqlens, False, C, need_ld, u,
-                              ones=(dden, n0, dn, n_border), **extra)
+                              ones=(dden, n0, dn, fwd), **extra)
 
 
 def _dry_ones(q, k, v, ld, u, S0, n0, scale, cu_seqlens, C, grad, prec):
@@ -156,7 +157,7 @@ def _dry_ones(q, k, v, ld, u, S0, n0, scale, cu_seqlens, C, grad, prec):
     f = _ones_forward(q, k, v, ld, u, S0, n0, scale, cu_seqlens, C, prec)
     if grad:
         _ones_backward(q, k, v, ld, u, S0, n0, torch.empty_like(f["o"]), torch.empty_like(f["den"]), None, None, scale,
-                       cu_seqlens, C, ld is not None and ld.requires_grad, prec, f["nb"])
+                       cu_seqlens, C, ld is not None and ld.requires_grad, prec, (f["nb"], None))
 
 
 class _OnesFn(torch.autograd.Function):
@@ -179,13 +180,13 @@ class _OnesFn(torch.autograd.Function):
         scale, cu_seqlens, C, prec = ctx.cfg
         do = do if do is not None else torch.zeros_like(v)
         need_ld = ld is not None and ctx.needs_input_grad[3]
-        S0b, n0b = S0, n0
+        S0b, n0b, delta = S0, n0, None
         box = ctx.h0_box
         if box is not None and box.value is not None:  # run from the entering state: the gradients of o + its term
             S0b, n0b = box.value[..., :-1].contiguous(), box.value[..., -1].contiguous()
-            nb = None  # the forward's borders are not from that state
+            delta = n0b.float() if n0 is None else n0b.float() - n0.float()  # the forward's borders are from n0
         dq, dk, dv, dld, dS0, du, dn0 = _ones_backward(q, k, v, ld, u, S0b, n0b, do, dden, dS, dn, scale, cu_seqlens,
-                                                       C, need_ld, prec, nb)
+                                                       C, need_ld, prec, (nb, delta))
         if S0 is None:  # the box's state is not an input
             dS0 = dn0 = None
         return dq, dk, dv, dld, du, dS0, (None if dn0 is None else dn0.to(n0.dtype)), None, None, None, None
@@ -217,7 +218,7 @@ def _bwd_op(q: Tensor, k: Tensor, v: Tensor, ld: Optional[Tensor], u: Optional[T
             n0: Optional[Tensor], do: Tensor, dden: Optional[Tensor], dS: Optional[Tensor], dn: Optional[Tensor],
             scale: float, cu_seqlens: Optional[Tensor], C: int, need_ld: bool, prec: str, nb: Tensor) -> List[Tensor]:
     g = _ones_backward(q.contiguous(), k.contiguous(), v.contiguous(), ld, u, S0, n0, do.contiguous(), dden, dS, dn,
-                       scale, cu_seqlens, C, need_ld, prec, nb if nb.numel() else None)
+                       scale, cu_seqlens, C, need_ld, prec, (nb, None) if nb.numel() else None)
     like = (q, k, v, ld, S0, u, n0)  # the order of _ones_backward's gradients
     return [q.new_empty(EMPTY) if x is None else x.to(y.dtype).contiguous() for x, y in zip(g, like)]
 

@@ -26,6 +26,7 @@ from .cumsum import chunk_cumsum
 from .decay_grad import decay_grad_from_terms
 from .output import chunk_output
 from .state import chunk_states
+from .state_join import add_entering_column
 from .utils import DOT_F32, border_dtype, dot_code, part_dot, state_dot
 
 
@@ -79,11 +80,11 @@ def fused_backward(q, k, v, ld, h0, do, dS, scale, cu_seqlens, rev, C, need_ld, 
                    dv_rank_one=None, project=None, do_weight=None, q_raw=None):
     """(dq, dk, dv, dld, dh0, d key_gate) of o = F(q, k, v, ld, None, rev) for the gradient do of o and dS of
     the final state (None: zero); ld as the caller gave it ([H], [B, T, H], [B, T, H, K] or None), not floored.
-    ones = (dden, n0, dn, n_border): v has one more column of ones, held apart (ula/core/ones.py): dden [B, T, H]
-    the gradient of its output column, n0 / dn [N, H, K] its part of the initial state and of the final state's
-    gradient, n_border [B, H, n, K] float32 its borders as the forward's state call returned them, from the same
-    initial state (each may be None; without n_border the forward's states are summed again with their column);
-    then dn0 comes last. Forward direction, decays with one value per step: the column enters the dQ and dK passes
+    ones = (dden, n0, dn, fwd): v has one more column of ones, held apart (ula/core/ones.py): dden [B, T, H] the
+    gradient of its output column, n0 / dn [N, H, K] its part of the initial state and of the final state's
+    gradient, fwd = (n_border [B, H, n, K] float32, its borders as the forward's state call returned them, delta:
+    None where that call started from n0, else n0 less its initial column, [N, H, K]) (each may be None; without
+    fwd the forward's states are summed again with their column); then dn0 comes last. Forward direction, decays with one value per step: the column enters the dQ and dK passes
     as a rank-one term of their scores and an extra vector of their states.
     dv_rank_one = (e [B, T, H], n_border [B * chunks, H, V]) float32: q has one more feature, e, against a constant
     1 in k (normalized attention's a part): dv gets Σ_{i>=j in the chunk} e_i do_i (times scale) plus n_border, the
@@ -113,7 +114,7 @@ def fused_backward(q, k, v, ld, h0, do, dS, scale, cu_seqlens, rev, C, need_ld, 
     e = n0f = dnf = None
     if on:
         assert not rev and not vec
-        dden, n0, dn, n_fwd = ones
+        dden, n0, dn, fwd = ones
         e = (dden.float() if dden is not None else q.new_zeros(q.shape[:3], dtype=f32)).contiguous()
         if h0f is not None:
             n0f = n0.to(f32).contiguous() if n0 is not None else h0f.new_zeros(h0f.shape[:-1])
@@ -139,6 +140,9 @@ def fused_backward(q, k, v, ld, h0, do, dS, scale, cu_seqlens, rev, C, need_ld, 
     del g  # the tuple would keep g_border alive past its `del` below (one border-sized buffer at the peak)
     # the forward's states (the dQ pass's), and the decay gradient's border terms against the state gradients
     # the column's borders from the forward where given: not summed again (only their border terms need them)
+    n_fwd = None
+    if on and fwd is not None:
+        n_fwd = fwd[0] if fwd[1] is None else add_entering_column(fwd[0].clone(), b_fwd, layout, fwd[1])
     resum = on and n_fwd is None
     f = chunk_states(k, v, b_fwd, None, h0f, layout, rev, sdot_t, f32 if wide else half,
                      partner=g_border if need_ld else None, gate=u, ones=resum, n0=n0f if resum else None,

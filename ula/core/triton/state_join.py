@@ -151,3 +151,32 @@ def join_segments(b, reverse, NS, C, border, final, n_border, n_final, z_carry, 
         zv = z_carry.view(B, NS, nL, *z_carry.shape[1:])[:, sl]
         zv += torch.stack(Ez[sl], 1).unsqueeze(2)
     return out_final, out_n, out_z
+
+
+def add_entering_column(n_border, b, layout, delta):
+    """n_border [B, H, n, K] float32 (a forward walk's column after each chunk) plus delta [N, H, K] (more column at
+    each sequence's start) times the decay from that start through each chunk, in place: the borders of the same walk
+    from an initial column larger by delta. b [Bg, T, H, 1] the chunk-local cumulative log decays (None: none); the
+    chunk's decay is b at its last step, as the state kernel takes it."""
+    B, H, n, K = n_border.shape
+    if layout.varlen:
+        rows = delta[layout.chunk_seq.long()].permute(1, 0, 2).unsqueeze(0)  # [1, H, n, K]
+    else:
+        rows = delta.unsqueeze(2)  # [B, H, 1, K]
+    if b is None:
+        n_border += rows
+        return n_border
+    T, C = b.shape[1], layout.C
+    if layout.varlen:
+        seq_end = layout.cu[1:][layout.chunk_seq.long()]
+        last = torch.minimum(layout.chunk_start + C, seq_end).long() - 1
+    else:
+        last = (torch.arange(n, device=b.device) * C + C - 1).clamp_max(T - 1)
+    # [Bg, n, H]: through each chunk, from the row's start (float64: packed, the sums of earlier sequences are
+    # subtracted below)
+    inc = b[:, last, :, 0].double().cumsum(1)
+    if layout.varlen:  # from each sequence's start: less the sum before its first chunk
+        first = layout.chunk_offset[:-1].long()[layout.chunk_seq.long()]  # each chunk's sequence's first chunk
+        inc = inc - torch.where((first > 0)[None, :, None], inc[:, (first - 1).clamp_min(0)], 0.0)
+    n_border.addcmul_(inc.exp().float().permute(0, 2, 1).unsqueeze(-1), rows)
+    return n_border
