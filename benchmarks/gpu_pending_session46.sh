@@ -13,6 +13,9 @@
 #                                                  # state's column): the check at T = 32768, then this tree and
 #                                                  # .prev (git archive of 5bb2bb6) in turn, B1 T131072 H16, and
 #                                                  # the GPU time with the host ahead (gpu_cp_host.py)
+#     bash benchmarks/gpu_pending_session46.sh 6   # bf16 errors against float64 of mLSTMexp and normalized attention
+#                                                  # at B1 T32768 and B2 T8192 H16, this tree and .base (git archive
+#                                                  # of c34a2c8: the column's borders in bfloat16)
 #     bash benchmarks/gpu_pending_session46.sh 2   # the GPU suite on the session's final tree
 # Writes $OUT/pending46.log, $OUT/fam_*/ and $OUT/quality_*/ (each run's JSON).
 NAME=pending46
@@ -53,6 +56,12 @@ case "$PART" in
      TMO=100 run $CP "${t%%:*}"/benchmarks/gpu_cp_host.py --kinds mlstm_exp --T 131072 --reps 9
    done
    rm -f "$OUT/gpu_context_parallel.json" ;;
+6) for sh in 1,32768,16,128,128 2,8192,16,128,128; do
+     for t in .:new .base:base; do
+       TMO=200 run python3 "${t%%:*}"/benchmarks/gpu_hardening.py --sections quality --q-ops mlstm_exp,normalized \
+           --q-shape $sh --budget-s 180 --out "$OUT/quality_${t##*:}_${sh//,/_}"
+     done
+   done ;;
 2) TMO=400 run ULA_TEST_GPU=1 python3 -m pytest -q -n 8 -p no:cacheprovider tests -rfE ;;
 esac
 tail -c 11000 "$LOG"
