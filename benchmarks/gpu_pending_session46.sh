@@ -16,6 +16,9 @@
 #     bash benchmarks/gpu_pending_session46.sh 6   # bf16 errors against float64 of mLSTMexp and normalized attention
 #                                                  # at B1 T32768 and B2 T8192 H16, this tree and .base (git archive
 #                                                  # of c34a2c8: the column's borders in bfloat16)
+#     bash benchmarks/gpu_pending_session46.sh 7   # trial: mLSTMexp's column as a matmul with the rows' factors
+#                                                  # in its split weights (ULA_EXP_SPLITF=1) against the column's
+#                                                  # float32 row sums (0): state calls, f+b, repeats, smoke
 #     bash benchmarks/gpu_pending_session46.sh 2   # the GPU suite on the session's final tree
 # Writes $OUT/pending46.log, $OUT/fam_*/ and $OUT/quality_*/ (each run's JSON).
 NAME=pending46
@@ -62,6 +65,19 @@ case "$PART" in
            --q-shape $sh --budget-s 180 --out "$OUT/quality_${t##*:}_${sh//,/_}"
      done
    done ;;
+7) for sh in 2,8192,16,128,128 1,65536,16,128,128; do
+     for F in 0 1; do TMO=120 run ULA_EXP_SPLITF=$F python3 benchmarks/gpu_state_calls.py --shape $sh; done
+   done
+   for round in 1 2; do
+     for sh in 2,8192,16,128,128 1,65536,16,128,128; do
+       for F in 0 1; do
+         TMO=150 run ULA_EXP_SPLITF=$F python3 benchmarks/gpu_families_vs_peers.py --sections ops --ours mlstm_exp \
+             --peers none --graph --rounds 2 --shape $sh --budget-s 100 --out "$OUT/fam_splitf${F}_${sh//,/_}_$round"
+       done
+     done
+   done
+   PRE=(ULA_EXP_SPLITF=1); repeats mlstm_exp 2,8192,16,128,128 1,65536,16,128,128
+   TMO=100 run ULA_EXP_SPLITF=1 python3 benchmarks/gpu_smoke.py --parts ones,families ;;
 2) TMO=400 run ULA_TEST_GPU=1 python3 -m pytest -q -n 8 -p no:cacheprovider tests -rfE ;;
 esac
 tail -c 11000 "$LOG"
