@@ -25,7 +25,8 @@
 #     bash benchmarks/gpu_pending_session45.sh 10  # GLA's entry term forward at one rank's slice (B1 L65536 H16 K=V=128,
 #                                                  # a decay per feature): chunks per program and warps
 #                                                  # (ULA_ENTRY_TUNE="span,warps_fwd,warps_dq"; default 4,8,8)
-# Writes $OUT/pending45.log and $OUT/cp_*.json.
+# Writes $OUT/pending45.log and $OUT/cp_*.json. (The runs of parts 4-8 used benchmarks/gpu_cp_host.py, merged in
+# session 46 into gpu_cp_profile.py --phases, which the commands below now call.)
 NAME=pending45
 source "$(dirname "$0")/gpu_pending_common.sh"
 export PYTHONPATH=.${PYTHONPATH:+:$PYTHONPATH}
@@ -50,26 +51,26 @@ case "$PART" in
    done ;;
 8) TMO=240 run $CP --kinds mlstm_exp,mlstm_sig,gla --T 131072 --T_long 0 --reps 5
    cp "$OUT/gpu_context_parallel.json" "$OUT/cp_time_after_round2.json"
-   TMO=200 run NCCL_NVLS_ENABLE=0 torchrun --standalone --nproc_per_node=2 benchmarks/gpu_cp_host.py \
-       --kinds mlstm_exp --T 131072 --reps 9 ;;
+   TMO=200 run NCCL_NVLS_ENABLE=0 torchrun --standalone --nproc_per_node=2 benchmarks/gpu_cp_profile.py \
+       --phases --kind mlstm_exp --T 131072 --reps 9 ;;
 9) TMO=400 run ULA_TEST_GPU=1 python3 -m pytest -q -n 8 -p no:cacheprovider tests -rfE ;;
 10) for TU in "" 1,8,8 2,8,8 8,8,8 2,4,8 4,4,8 1,4,8; do
      if [ -n "$TU" ]; then PRE=(ULA_ENTRY_TUNE=$TU); else PRE=(); fi
      TMO=60 run "${PRE[@]}" python3 benchmarks/gpu_entry_term_micro.py --vector --reps 30
    done ;;
-4) TMO=200 run NCCL_NVLS_ENABLE=0 torchrun --standalone --nproc_per_node=2 benchmarks/gpu_cp_host.py \
-       --kinds mlstm_exp,mlstm_sig,gla --T 131072 --cprofile ;;
+4) TMO=200 run NCCL_NVLS_ENABLE=0 torchrun --standalone --nproc_per_node=2 benchmarks/gpu_cp_profile.py \
+       --phases --kind mlstm_exp,mlstm_sig,gla --T 131072 --cprofile ;;
 5) for E in "ULA_EXP_PRIO=0" "ULA_EXP_PRIO=1" "ULA_EXP_ONE=1" "ULA_EXP_PRIO=1 ULA_EXP_ONE=1" "ULA_EXP_PRIO=0"; do
      echo "### experiment: $E" >> "$LOG"
-     TMO=100 run $E NCCL_NVLS_ENABLE=0 torchrun --standalone --nproc_per_node=2 benchmarks/gpu_cp_host.py \
-         --kinds mlstm_exp --T 131072 --reps 9 --cprofile
+     TMO=100 run $E NCCL_NVLS_ENABLE=0 torchrun --standalone --nproc_per_node=2 benchmarks/gpu_cp_profile.py \
+         --phases --kind mlstm_exp --T 131072 --reps 9 --cprofile
    done ;;
 6) TMO=300 run $CP --kinds "" --families mlstm_exp,mlstm_exp_pos,mlstm_sig,gla --grad-T 32768 --T_long 0
    cp "$OUT/gpu_context_parallel.json" "$OUT/cp_check_after.json"
    TMO=240 run $CP --kinds mlstm_exp,mlstm_sig,gla --T 131072 --T_long 0 --reps 5
    cp "$OUT/gpu_context_parallel.json" "$OUT/cp_time_after.json"
-   TMO=200 run NCCL_NVLS_ENABLE=0 torchrun --standalone --nproc_per_node=2 benchmarks/gpu_cp_host.py \
-       --kinds mlstm_exp,mlstm_sig,gla --T 131072 --reps 9 ;;
+   TMO=200 run NCCL_NVLS_ENABLE=0 torchrun --standalone --nproc_per_node=2 benchmarks/gpu_cp_profile.py \
+       --phases --kind mlstm_exp,mlstm_sig,gla --T 131072 --reps 9 ;;
 esac
 rm -f "$OUT/gpu_context_parallel.json"
 tail -c 11000 "$LOG"

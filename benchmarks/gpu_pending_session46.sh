@@ -12,13 +12,15 @@
 #                                                  # forward's column borders too (corrected by the entering
 #                                                  # state's column): the check at T = 32768, then this tree and
 #                                                  # .prev (git archive of 5bb2bb6) in turn, B1 T131072 H16, and
-#                                                  # the GPU time with the host ahead (gpu_cp_host.py)
+#                                                  # the GPU time with the host ahead (gpu_cp_profile.py --phases)
 #     bash benchmarks/gpu_pending_session46.sh 6   # bf16 errors against float64 of mLSTMexp and normalized attention
 #                                                  # at B1 T32768 and B2 T8192 H16, this tree and .base (git archive
 #                                                  # of c34a2c8: the column's borders in bfloat16)
 #     bash benchmarks/gpu_pending_session46.sh 7   # trial: mLSTMexp's column as a matmul with the rows' factors
 #                                                  # in its split weights (ULA_EXP_SPLITF=1) against the column's
 #                                                  # float32 row sums (0): state calls, f+b, repeats, smoke
+#     bash benchmarks/gpu_pending_session46.sh 8   # 2 GPUs: gpu_cp_profile.py --phases with gpu_cp_host.py's timings
+#                                                  # merged in, on the two mLSTMs
 #     bash benchmarks/gpu_pending_session46.sh 2   # the GPU suite on the session's final tree
 # Writes $OUT/pending46.log, $OUT/fam_*/ and $OUT/quality_*/ (each run's JSON).
 NAME=pending46
@@ -55,9 +57,9 @@ case "$PART" in
        cp "$OUT/gpu_context_parallel.json" "$OUT/cp_time_${t##*:}_round$round.json"
      done
    done
-   for t in .:new .prev:prev; do
-     TMO=100 run $CP "${t%%:*}"/benchmarks/gpu_cp_host.py --kinds mlstm_exp --T 131072 --reps 9
-   done
+   # (this tree's was benchmarks/gpu_cp_host.py, since merged into gpu_cp_profile.py --phases; .prev still has it)
+   TMO=100 run $CP benchmarks/gpu_cp_profile.py --phases --kind mlstm_exp --T 131072 --reps 9
+   TMO=100 run $CP .prev/benchmarks/gpu_cp_host.py --kinds mlstm_exp --T 131072 --reps 9
    rm -f "$OUT/gpu_context_parallel.json" ;;
 6) for sh in 1,32768,16,128,128 2,8192,16,128,128; do
      for t in .:new .base:base; do
@@ -78,6 +80,8 @@ case "$PART" in
    done
    PRE=(ULA_EXP_SPLITF=1); repeats mlstm_exp 2,8192,16,128,128 1,65536,16,128,128
    TMO=100 run ULA_EXP_SPLITF=1 python3 benchmarks/gpu_smoke.py --parts ones,families ;;
+8) TMO=300 run NCCL_NVLS_ENABLE=0 torchrun --standalone --nproc_per_node=2 benchmarks/gpu_cp_profile.py --phases \
+       --kind mlstm_exp,mlstm_sig --T 131072 --reps 5 --cprofile ;;
 2) TMO=400 run ULA_TEST_GPU=1 python3 -m pytest -q -n 8 -p no:cacheprovider tests -rfE ;;
 esac
 tail -c 11000 "$LOG"
