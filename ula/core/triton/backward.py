@@ -84,8 +84,9 @@ def fused_backward(q, k, v, ld, h0, do, dS, scale, cu_seqlens, rev, C, need_ld, 
     gradient of its output column, n0 / dn [N, H, K] its part of the initial state and of the final state's
     gradient, fwd = (n_border [B, H, n, K] float32, its borders as the forward's state call returned them, delta:
     None where that call started from n0, else n0 less its initial column, [N, H, K]) (each may be None; without
-    fwd the forward's states are summed again with their column); then dn0 comes last. Forward direction, decays with one value per step: the column enters the dQ and dK passes
-    as a rank-one term of their scores and an extra vector of their states.
+    fwd the forward's states are summed again with their column); then dn0 comes last. Forward direction, decays
+    with one value per step: the column enters the dQ and dK passes as a rank-one term of their scores and an extra
+    vector of their states.
     dv_rank_one = (e [B, T, H], n_border [B * chunks, H, V]) float32: q has one more feature, e, against a constant
     1 in k (normalized attention's a part): dv gets Σ_{i>=j in the chunk} e_i do_i (times scale) plus n_border, the
     rest of that sum from the later chunks (and the final state's gradient), which the caller forms (no decay).
