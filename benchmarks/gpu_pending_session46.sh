@@ -21,6 +21,9 @@
 #                                                  # float32 row sums (0): state calls, f+b, repeats, smoke
 #     bash benchmarks/gpu_pending_session46.sh 8   # 2 GPUs: gpu_cp_profile.py --phases with gpu_cp_host.py's timings
 #                                                  # merged in, on the two mLSTMs
+#     bash benchmarks/gpu_pending_session46.sh 9   # normalized attention (its column's borders now float32 too)
+#                                                  # against linear attention, this tree and .base (c34a2c8) in
+#                                                  # turn, two rounds
 #     bash benchmarks/gpu_pending_session46.sh 2   # the GPU suite on the session's final tree
 # Writes $OUT/pending46.log, $OUT/fam_*/ and $OUT/quality_*/ (each run's JSON).
 NAME=pending46
@@ -82,6 +85,11 @@ case "$PART" in
    TMO=100 run ULA_EXP_SPLITF=1 python3 benchmarks/gpu_smoke.py --parts ones,families ;;
 8) TMO=300 run NCCL_NVLS_ENABLE=0 torchrun --standalone --nproc_per_node=2 benchmarks/gpu_cp_profile.py --phases \
        --kind mlstm_exp,mlstm_sig --T 131072 --reps 5 --cprofile ;;
+9) for round in 1 2; do
+     for t in .:new .base:base; do
+       TMO=150 run python3 "${t%%:*}"/benchmarks/gpu_families_vs_peers.py $FAM --out "$OUT/fam_norm_${t##*:}_$round"
+     done
+   done ;;
 2) TMO=400 run ULA_TEST_GPU=1 python3 -m pytest -q -n 8 -p no:cacheprovider tests -rfE ;;
 esac
 tail -c 11000 "$LOG"

@@ -102,8 +102,8 @@ def linear_attention_with_ones(q, k, v, ld=None, *, scale=None, initial_state=No
 
 
 def _ones_forward(q, k, v, ld, u, S0, n0, scale, cu_seqlens, C, prec, **extra):
-    """The forward on the Triton kernels as a dict: o, den, S, n, nb (n at every chunk's border, [B, H, chunks, K]
-    float32: the backward's n_border), and carry, zT, rq where asked for (else None);
+    """The forward on the Triton kernels as a dict: o, den, S, n, nb (n at every chunk's border, [B, H, chunks, K]:
+    the backward's n_border), and carry, zT, rq where asked for (else None);
     q, k, v contiguous. extra: chunk_output's count0, divide and qnorm (rq: its r of q's rows), and a_part=(e, z0)
     (normalized attention's a part, division and L2 norm of q, ula/ops/_normalized_fused.py): a rank-one feature e
     [B, T, H] float32 of q against a constant key 1, whose state z0 [N, H, V] float32 or None + Σ v the state call
@@ -199,9 +199,10 @@ def _fwd_op(q: Tensor, k: Tensor, v: Tensor, ld: Optional[Tensor], u: Optional[T
             n0: Optional[Tensor], scale: float, cu_seqlens: Optional[Tensor], C: int,
             prec: str) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     f = _ones_forward(q.contiguous(), k.contiguous(), v.contiguous(), ld, u, S0, n0, scale, cu_seqlens, C, prec)
-    # nb for the backward op; a packed call's count of chunks comes from cu_seqlens' values, which the fake function
-    # cannot read: its backward sums the column again
-    return f["o"], f["den"], f["S"], f["n"], f["nb"] if cu_seqlens is None else q.new_empty(EMPTY)
+    # nb for the backward op, in float32 as the fake function says (without a decay or gate the borders are in the
+    # states' dtype); a packed call's count of chunks comes from cu_seqlens' values, which the fake function cannot
+    # read: its backward sums the column again
+    return f["o"], f["den"], f["S"], f["n"], f["nb"].float() if cu_seqlens is None else q.new_empty(EMPTY)
 
 
 def _fwd_fake(q, k, v, ld, u, S0, n0, scale, cu_seqlens, C, prec):

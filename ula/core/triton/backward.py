@@ -143,7 +143,9 @@ def fused_backward(q, k, v, ld, h0, do, dS, scale, cu_seqlens, rev, C, need_ld, 
     # the column's borders from the forward where given: not summed again (only their border terms need them)
     n_fwd = None
     if on and fwd is not None:
-        n_fwd = fwd[0] if fwd[1] is None else add_entering_column(fwd[0].clone(), b_fwd, layout, fwd[1])
+        n_fwd = fwd[0]
+        if fwd[1] is not None:  # a copy: the forward's tensor is saved for a backward that may run again
+            n_fwd = add_entering_column(n_fwd.to(f32, copy=True), b_fwd, layout, fwd[1])
     resum = on and n_fwd is None
     f = chunk_states(k, v, b_fwd, None, h0f, layout, rev, sdot_t, f32 if wide else half,
                      partner=g_border if need_ld else None, gate=u, ones=resum, n0=n0f if resum else None,

@@ -393,7 +393,8 @@ def chunk_states(k, v, b, c, h0, layout, reverse, dot, state_dtype=torch.float32
     decay's, [B, H, n, K tiles, V].
     ones (decays with one value per step): also the state's column for one more column of v, of ones or of e
     [B, T, H] (float32, contiguous), from n0 [N, H, K] float32 (or zero): returned after X as (n_border [B, H, n, K]
-    float32, n_final [N, H, K] float32); with a partner, its column partner_n joins the border terms.
+    float32 with a decay or gate, else in state_dtype, n_final [N, H, K] float32); with a partner, its column
+    partner_n joins the border terms.
     n_given [B, H, n, K] float32 (not with ones; with partner and partner_n): the column's border values as the
     forward's call returned them, for the border terms; the loop sums no column (the backward's second call of
     mLSTMexp on an H200: 0.38 -> 0.20 ms at B2 T8192 H16, 1.23 -> 1.01 ms at B1 T65536; RESULTS.md session 46)
@@ -452,8 +453,11 @@ def chunk_states(k, v, b, c, h0, layout, reverse, dot, state_dtype=torch.float32
         e = split_parts(e)
     if ones:
         assert c is None and (b is None or b.shape[-1] == 1) and (partner is None or partner_n is not None)
-        # float32 whatever the states' dtype: K values beside each border's K x V, read again by the backward
-        n_border = alloc((B, H, layout.n, K), k.device)
+        # with a decay or gate float32 whatever the states' dtype (mLSTMexp: bf16 borders were its gradients' largest
+        # error where nᵀq cancels; the backward reads them again); without (normalized attention) in the states'
+        # dtype: float32 there took its f+b 0.917 -> 0.939 ms on an H200 (RESULTS.md session 46)
+        n_border = alloc((B, H, layout.n, K), k.device,
+                         torch.float32 if b is not None or gate is not None else state_dtype)
         n_final = alloc((N * NS, H, K), k.device)
     z_carry = z_final = None
     if v_sums:
