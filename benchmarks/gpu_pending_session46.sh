@@ -18,12 +18,15 @@
 #                                                  # of c34a2c8: the column's borders in bfloat16)
 #     bash benchmarks/gpu_pending_session46.sh 7   # trial: mLSTMexp's column as a matmul with the rows' factors
 #                                                  # in its split weights (ULA_EXP_SPLITF=1) against the column's
-#                                                  # float32 row sums (0): state calls, f+b, repeats, smoke
+#                                                  # float32 row sums (0): state calls, f+b, repeats, smoke (first
+#                                                  # `git apply benchmarks/results/session46_column_factored_split_
+#                                                  # trial.patch`: the switch is the trial's, not kept)
 #     bash benchmarks/gpu_pending_session46.sh 8   # 2 GPUs: gpu_cp_profile.py --phases with gpu_cp_host.py's timings
 #                                                  # merged in, on the two mLSTMs
-#     bash benchmarks/gpu_pending_session46.sh 9   # normalized attention (its column's borders now float32 too)
-#                                                  # against linear attention, this tree and .base (c34a2c8) in
-#                                                  # turn, two rounds
+#     bash benchmarks/gpu_pending_session46.sh 9   # normalized attention against linear attention, this tree and
+#                                                  # .base (c34a2c8) in turn, two rounds (run with the borders in
+#                                                  # float32 in every call, at 2a081bb, then after 087b9e5)
+#     bash benchmarks/gpu_pending_session46.sh 10  # after 087b9e5: smoke, and mLSTMexp / mLSTMsig f+b
 #     bash benchmarks/gpu_pending_session46.sh 2   # the GPU suite on the session's final tree
 # Writes $OUT/pending46.log, $OUT/fam_*/ and $OUT/quality_*/ (each run's JSON).
 NAME=pending46
@@ -90,6 +93,9 @@ case "$PART" in
        TMO=150 run python3 "${t%%:*}"/benchmarks/gpu_families_vs_peers.py $FAM --out "$OUT/fam_norm_${t##*:}_$round"
      done
    done ;;
+10) TMO=200 run python3 benchmarks/gpu_smoke.py --parts ones,families,repeat
+    TMO=100 run python3 benchmarks/gpu_families_vs_peers.py --sections ops --ours mlstm_exp,mlstm_sig --peers none \
+        --graph --rounds 2 --budget-s 60 --out "$OUT/fam_mlstm" ;;
 2) TMO=400 run ULA_TEST_GPU=1 python3 -m pytest -q -n 8 -p no:cacheprovider tests -rfE ;;
 esac
 tail -c 11000 "$LOG"
