@@ -379,6 +379,33 @@ def _metadata_gathers(rank, R, group, seed):
     return failed
 
 
+def _ones_backward_reads_borders(rank, R, group, seed):
+    """mLSTMexp on the kernels: every rank's backward, from the entering state or not, takes the forward's column
+    borders (NGIVEN, with the entering column added: ula/core/triton/state_join.add_entering_column) instead of
+    summing the column again in its second state call. Returns the names of failed checks."""
+    from ula.core.triton import utils
+    torch.manual_seed(seed)
+    T, n = 24 * R, 24
+    q, k, v = (torch.randn(1, T, 2, 16) for _ in range(3))
+    i, f = torch.randn(1, T, 2), torch.randn(1, T, 2) + 2
+    s = slice(rank * n, (rank + 1) * n)
+    seen, real = [], utils._launch_fitting
+
+    def spy(kernel, grid, args, w, cx, st=None):
+        if kernel.fn.__name__ == "_state_kernel":
+            seen.append((int(cx["ONES"]), int(cx["NGIVEN"]), int(cx["HAS_X"])))
+        return real(kernel, grid, args, w, cx, st)
+    utils._launch_fitting, launches = spy, utils._LAUNCHES
+    utils._LAUNCHES = {}  # a cached launch would skip _launch_fitting
+    try:
+        x = [t[:, s].clone().requires_grad_() for t in (q, k, v, i, f)]
+        got, _ = ula.mlstm(*x, "exp", cp_group=group, backend="triton", chunk_size=16)
+        got.sum().backward()
+    finally:
+        utils._launch_fitting, utils._LAUNCHES = real, launches
+    return [] if (0, 1, 1) in seen and (1, 0, 1) not in seen else [f"state kernel launches {seen}"]
+
+
 def _bf16_close(rank, R, group, seed):
     """bfloat16 inputs (the correction runs as a bfloat16 matmul): the slice outputs within 1e-2 of one float32
     process on the same (bf16-rounded) inputs, scalar and vector decay."""
@@ -411,7 +438,9 @@ def _worker(rank, R, init, seed, out):
         for name, failed in (("mismatches raise on every rank", _mismatches_raise_everywhere(rank, R, group)),
                              ("state edge cases", _state_edge_cases(rank, R, group, seed)),
                              ("a model's one-token slice", _lm_one_token_slice(rank, R, group, seed)),
-                             ("one metadata gather per call", _metadata_gathers(rank, R, group, seed))):
+                             ("one metadata gather per call", _metadata_gathers(rank, R, group, seed)),
+                             ("ones backward reads the forward's borders",
+                              _ones_backward_reads_borders(rank, R, group, seed))):
             results.append(dict(case=f"{name}: {failed} (rank {rank})", ok=not failed))
         with open(f"{out}.{rank}", "w") as f:
             json.dump(results, f)
