@@ -27,6 +27,8 @@
 #                                                  # .base (c34a2c8) in turn, two rounds (run with the borders in
 #                                                  # float32 in every call, at 2a081bb, then after 087b9e5)
 #     bash benchmarks/gpu_pending_session46.sh 10  # after 087b9e5: smoke, and mLSTMexp / mLSTMsig f+b
+#     bash benchmarks/gpu_pending_session46.sh 11  # 2 GPUs: each rank's Chrome trace of mLSTMexp's context-parallel
+#                                                  # forward+backward on the final tree (for trace_kernels.py)
 #     bash benchmarks/gpu_pending_session46.sh 2   # the GPU suite on the session's final tree
 # Writes $OUT/pending46.log, $OUT/fam_*/ and $OUT/quality_*/ (each run's JSON).
 NAME=pending46
@@ -96,6 +98,9 @@ case "$PART" in
 10) TMO=200 run python3 benchmarks/gpu_smoke.py --parts ones,families,repeat
     TMO=100 run python3 benchmarks/gpu_families_vs_peers.py --sections ops --ours mlstm_exp,mlstm_sig --peers none \
         --graph --rounds 2 --budget-s 60 --out "$OUT/fam_mlstm" ;;
+11) TMO=150 run NCCL_NVLS_ENABLE=0 torchrun --standalone --nproc_per_node=2 benchmarks/gpu_cp_profile.py \
+        --kind mlstm_exp --T 131072 --trace
+    for r in 0 1; do mv "$OUT/cp_trace_rank$r.json" "$OUT/cp_trace_mlstm_exp_rank$r.json"; done ;;
 2) TMO=400 run ULA_TEST_GPU=1 python3 -m pytest -q -n 8 -p no:cacheprovider tests -rfE ;;
 esac
 tail -c 11000 "$LOG"
