@@ -14,7 +14,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 import ula
-from helpers import KINDS, fresh_seed, make_inputs, rel
+from helpers import KINDS, fresh_seed, make_inputs, record_launches, rel
 from interpreter_speed import patch_language_once_per_launch
 from ula.core import time_split
 
@@ -383,26 +383,17 @@ def _ones_backward_reads_borders(rank, R, group, seed):
     """mLSTMexp on the kernels: every rank's backward, from the entering state or not, takes the forward's column
     borders (NGIVEN, with the entering column added: ula/core/triton/state_join.add_entering_column) instead of
     summing the column again in its second state call. Returns the names of failed checks."""
-    from ula.core.triton import utils
     torch.manual_seed(seed)
     T, n = 16 * R, 16  # one chunk per rank: the interpreter's time is the suite's
     q, k, v = (torch.randn(1, T, 1, 16) for _ in range(3))
     i, f = torch.randn(1, T, 1), torch.randn(1, T, 1) + 2
     s = slice(rank * n, (rank + 1) * n)
-    seen, real = [], utils._launch_fitting
-
-    def spy(kernel, grid, args, w, cx, st=None):
-        if kernel.fn.__name__ == "_state_kernel":
-            seen.append((int(cx["ONES"]), int(cx["NGIVEN"]), int(cx["HAS_X"])))
-        return real(kernel, grid, args, w, cx, st)
-    utils._launch_fitting, launches = spy, utils._LAUNCHES
-    utils._LAUNCHES = {}  # a cached launch would skip _launch_fitting
-    try:
+    with pytest.MonkeyPatch.context() as patch:  # no fixture in a spawned rank
+        seen = record_launches(patch, lambda kernel, w, cx, st: (int(cx["ONES"]), int(cx["NGIVEN"]), int(cx["HAS_X"]))
+                               if kernel.fn.__name__ == "_state_kernel" else None)
         x = [t[:, s].clone().requires_grad_() for t in (q, k, v, i, f)]
         got, _ = ula.mlstm(*x, "exp", cp_group=group, backend="triton", chunk_size=16)
         got.sum().backward()
-    finally:
-        utils._launch_fitting, utils._LAUNCHES = real, launches
     return [] if (0, 1, 1) in seen and (1, 0, 1) not in seen else [f"state kernel launches {seen}"]
 
 

@@ -149,9 +149,9 @@ def fused_backward(q, k, v, ld, h0, do, dS, scale, cu_seqlens, rev, C, need_ld, 
     resum = on and n_fwd is None
     f = chunk_states(k, v, b_fwd, None, h0f, layout, rev, sdot_t, f32 if wide else half,
                      partner=g_border if need_ld else None, gate=u, ones=resum, n0=n0f if resum else None,
-                     partner_n=g_n if need_ld else None, n_given=n_fwd if on and need_ld and not resum else None)
+                     partner_n=g_n if need_ld else None, n_given=n_fwd if need_ld else None)
     f_border, X = f[0], f[2]
-    f_n = (f[3][0] if resum else n_fwd) if on else None
+    f_n = f[3][0] if resum else n_fwd
     del f
     # a right decay in the dQ and dK passes; one value per step commutes and is carried on the left
     left_q, right_q = (None, b_fwd) if vec else (b_fwd, None)
