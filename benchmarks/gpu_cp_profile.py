@@ -119,8 +119,9 @@ def phases(kind, q, k, v, ld, a, rank, R):
     world = dist.group.WORLD
     real_entry = cpm.add_entry_term
 
-    def no_entry(o, q, gl, rd, E, scale, reverse, backend, **kw):  # kw: what later versions add (wide=)
-        return o + (E.sum() * 0).to(o.dtype)  # tied to E: the backward still runs every collective
+    def no_entry(o, q, gl, rd, E, scale, reverse, backend, column=None):
+        out = o + (E.sum() * 0).to(o.dtype)  # tied to E: the backward still runs every collective
+        return out if column is None else (out, column[0] + (column[1].sum() * 0).to(column[0].dtype))
 
     res = {"rank": rank, "device": torch.cuda.get_device_name(dev), "torch": torch.__version__,
            "triton": triton.__version__, "kind": kind, "T_total": a.T}

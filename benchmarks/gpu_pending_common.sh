@@ -32,3 +32,18 @@ normalized_checks() {  # smoke, normalized's repeated calls at four shapes, bf16
    families .:new .prev:prev
 }
 PRE=()
+CP="NCCL_NVLS_ENABLE=0 torchrun --standalone --nproc_per_node=2"
+cp_mlstm_check() {  # cp_mlstm_check FILE: 2 GPUs, mLSTMexp's context-parallel check at T = 32768 -> $OUT/FILE
+   TMO=200 run $CP benchmarks/gpu_context_parallel.py --kinds "" --families mlstm_exp,mlstm_exp_pos --grad-T 32768 \
+       --T_long 0
+   mv "$OUT/gpu_context_parallel.json" "$OUT/$1"
+}
+cp_mlstm_times() {  # cp_mlstm_times TAG...: 2 GPUs, both mLSTMs at B1 T131072, this tree and .prev in turn per TAG
+   for tag in "$@"; do  # -> $OUT/cp_time_{new,prev}_TAG.json
+     for t in .:new .prev:prev; do
+       TMO=120 run $CP "${t%%:*}"/benchmarks/gpu_context_parallel.py --kinds mlstm_exp,mlstm_sig --T 131072 \
+           --T_long 0 --reps 5
+       mv "$OUT/gpu_context_parallel.json" "$OUT/cp_time_${t##*:}_$tag.json"
+     done
+   done
+}

@@ -54,21 +54,11 @@ case "$PART" in
      TMO=150 run python3 "${t%%:*}"/benchmarks/gpu_hardening.py --sections quality --q-ops mlstm_exp,mlstm_sig \
          --budget-s 120 --out "$OUT/quality_${t##*:}"
    done ;;
-5) CP="NCCL_NVLS_ENABLE=0 torchrun --standalone --nproc_per_node=2"
-   TMO=200 run $CP benchmarks/gpu_context_parallel.py --kinds "" --families mlstm_exp,mlstm_exp_pos --grad-T 32768 \
-       --T_long 0
-   cp "$OUT/gpu_context_parallel.json" "$OUT/cp_check.json"
-   for round in 1 2; do
-     for t in .:new .prev:prev; do
-       TMO=120 run $CP "${t%%:*}"/benchmarks/gpu_context_parallel.py --kinds mlstm_exp,mlstm_sig --T 131072 \
-           --T_long 0 --reps 5
-       cp "$OUT/gpu_context_parallel.json" "$OUT/cp_time_${t##*:}_round$round.json"
-     done
-   done
+5) cp_mlstm_check cp_check.json
+   cp_mlstm_times round1 round2
    # (this tree's was benchmarks/gpu_cp_host.py, since merged into gpu_cp_profile.py --phases; .prev still has it)
    TMO=100 run $CP benchmarks/gpu_cp_profile.py --phases --kind mlstm_exp --T 131072 --reps 9
-   TMO=100 run $CP .prev/benchmarks/gpu_cp_host.py --kinds mlstm_exp --T 131072 --reps 9
-   rm -f "$OUT/gpu_context_parallel.json" ;;
+   TMO=100 run $CP .prev/benchmarks/gpu_cp_host.py --kinds mlstm_exp --T 131072 --reps 9 ;;
 6) for sh in 1,32768,16,128,128 2,8192,16,128,128; do
      for t in .:new .base:base; do
        TMO=200 run python3 "${t%%:*}"/benchmarks/gpu_hardening.py --sections quality --q-ops mlstm_exp,normalized \

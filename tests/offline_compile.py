@@ -236,10 +236,14 @@ def core_cases(B=2, T=300, H=2, K=128, V=128, dtype=torch.bfloat16):
             o, q = r(B, T, H, V), r(B, T, H, K)
             E = torch.randn(B, H, K, V).requires_grad_()
             add_entry_term(o, q, gl, None, E, K ** -0.5, False, "triton").float().sum().backward()
-        # mLSTMexp's normalizer column (V = 1, float32 operands), all gradients formed, as its context-parallel path
-        E = torch.randn(B, H, K, 1).requires_grad_()
-        add_entry_term(torch.randn(B, T, H, 1), r(B, T, H, K), lsig(B, T, H, 1), None, E, K ** -0.5, False, "triton",
-                       wide=True).sum().backward()
+        # with mLSTMexp's normalizer column beside E (float32), all gradients formed, and E's alone as its
+        # context-parallel path asks
+        for need_q in (True, False):
+            E, En = torch.randn(B, H, K, V).requires_grad_(), torch.randn(B, H, K, 1).requires_grad_()
+            q = r(B, T, H, K).requires_grad_(need_q)
+            o, den = add_entry_term(r(B, T, H, V), q, lsig(B, T, H, 1), None, E, K ** -0.5, False, "triton",
+                                    column=(torch.randn(B, T, H), En))
+            (o.float().sum() + den.sum()).backward()
         with torch.no_grad():  # the decoding step kernel
             from ula.core.triton.step import recurrent_step_triton
             q, k, v = (torch.randn(B, H, D).to(dtype) for D in (K, K, V))

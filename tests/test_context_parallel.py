@@ -547,33 +547,87 @@ def test_entry_term_triton_kernels(decay, spans, monkeypatch):
         assert got.dtype == torch.float32 and rel(got.double(), want) < tol
 
 
-@pytest.mark.parametrize("wide", [False, True], ids=["operands_by_inputs", "wide"])
-@pytest.mark.parametrize("decay", ["none", "scalar", "vector"])
-def test_entry_term_triton_kernels_one_column(decay, wide, monkeypatch):
-    """V = 1 (mLSTMexp's normalizer column, `wide` as it runs there): the kernels' float32 product-and-sum path (COL)
-    against the PyTorch form in float64, forward and the gradients of o, q, the left decay and the state; several
-    chunks per program, L ending inside a chunk, K not a power of two."""
+@pytest.mark.parametrize("backward", ["all", "state"])
+@pytest.mark.parametrize("decay", ["none", "constant", "scalar"])
+def test_entry_term_triton_kernels_with_column(decay, backward, monkeypatch):
+    """A column beside E (mLSTMexp's normalizer, formed by the same kernels from the same reads of q, float32 both
+    ways): o + corr and den + its term against the PyTorch form in float64, and the gradients of o, den, q, the left
+    decay, E and the column (backward="state": the state's alone, as context parallelism asks); several chunks per
+    program, L ending inside a chunk, K and V not powers of two, V over two blocks in the dE kernel."""
     import ula.core.triton.entry as entry
     from ula.core.cp_entry import add_entry_term, entry_term
     seed = fresh_seed()
     monkeypatch.setattr(entry, "_MIN_PROGRAMS", 1)
-    B, L, H, K = 2, 300, 2, 20
+    B, L, H, K, V = 2, 300, 2, 20, 80
     g = lambda *s: torch.nn.functional.logsigmoid(torch.randn(*s) + 3)  # noqa: E731
-    base = {"none": None, "scalar": g(B, L, H, 1), "vector": g(B, L, H, K)}[decay]
-    xs = [torch.randn(B, L, H, 1), torch.randn(B, L, H, K), base, torch.randn(B, H, K, 1) * 0.3]
-    dout = torch.randn(B, L, H, 1)
+    base = {"none": None, "constant": g(1, 1, H, 1).expand(1, L, H, 1), "scalar": g(B, L, H, 1)}[decay]
+    xs = [torch.randn(B, L, H, V), torch.randn(B, L, H), torch.randn(B, L, H, K), base,
+          torch.randn(B, H, K, V) * 0.3, torch.randn(B, H, K, 1) * 0.3]
+    dout, dden = torch.randn(B, L, H, V), torch.randn(B, L, H)
+    grads = {"all": [True] * 6, "state": [False, False, False, False, True, True]}[backward]
     res = []
     for backend, dt in (("triton", torch.float32), ("torch", torch.float64)):
-        leaves = [None if x is None else x.detach().to(dt).requires_grad_() for x in xs]
-        o, q, gl, E = leaves
-        if backend == "triton":
-            out = add_entry_term(o, q, gl, None, E, 0.7, False, "triton", wide=wide)
+        leaves = [None if x is None else x.detach().to(dt).requires_grad_(w) for x, w in zip(xs, grads)]
+        o, den, q, gl, E, En = leaves
+        if backend == "triton":  # one launch each way forms both terms
+            seen = record_launches(monkeypatch, lambda kernel, w, cx, s: (kernel.fn.__name__, cx["COL"])
+                                   if "entry" in kernel.fn.__name__ else None)
+            out, dn = add_entry_term(o, q, gl, None, E, 0.7, False, "triton", column=(den, En))
         else:
-            out = o + entry_term(q, gl, None, E, 0.7, False)
-        (out * dout.to(dt)).sum().backward()
-        res.append([out] + [x.grad for x in leaves if x is not None])
+            out, dn = o + entry_term(q, gl, None, E, 0.7, False), den + entry_term(q, gl, None, En, 0.7, False)[..., 0]
+        ((out * dout.to(dt)).sum() + (dn * dden.to(dt)).sum()).backward()
+        res.append([out, dn] + [x.grad for x in leaves if x is not None and x.requires_grad])
+    kernels = ["_entry_fwd_kernel", "_entry_de_kernel"] + (["_entry_dq_kernel"] if backward == "all" else [])
+    assert seen == [(k, True) for k in kernels]
+    assert len(res[0]) == 2 + sum(w for x, w in zip(xs, grads) if x is not None)
     for got, want in zip(*res):
         assert got.dtype == torch.float32 and rel(got.double(), want) < 1e-5, seed
+
+
+def test_entry_term_column_keeps_float32_precision_with_bfloat16_operands():
+    """With bfloat16 matmul operands (emulated: each operand rounded as a GPU's dot rounds it) the column's terms
+    still reach float32's precision, forward and dE (its three bfloat16 parts), where the values' terms show
+    bfloat16's rounding of E and of the decayed dC: q is bfloat16 itself, as the kernels read it on a GPU."""
+    import ula.core.triton.entry as entry
+    from ula.core.cp_entry import entry_term
+    from ula.core.triton.utils import DOT_BF16_EMULATED
+    seed = fresh_seed()
+    B, L, H, K, V = 1, 200, 2, 32, 32
+    q = torch.randn(B, L, H, K).bfloat16().float()
+    gl = torch.nn.functional.logsigmoid(torch.randn(B, L, H, 1) + 3)
+    E, En = torch.randn(B, H, K, V), torch.randn(B, H, K)
+    o, den, dc, dden = torch.randn(B, L, H, V), torch.randn(B, L, H), torch.randn(B, L, H, V), torch.randn(B, L, H)
+    carry = entry.chunk_carry(gl, L)
+    n_out = torch.full_like(den, float("nan"))
+    out = entry.entry_forward(q, gl, E, o, 0.5, carry, dot=DOT_BF16_EMULATED, column=(En, den, n_out))
+    dE, _, dEn = entry.entry_backward_e(q, gl, E, dc, 0.5, carry, True, False, dot=DOT_BF16_EMULATED,
+                                        column=(En, dden))
+    q64, gl64, E64, En64 = q.double(), gl.double(), E.double(), En.double().unsqueeze(-1)
+    want_n = den.double() + entry_term(q64, gl64, None, En64, 0.5, False)[..., 0]
+    assert rel(n_out.double(), want_n) < 1e-6, seed
+    E64 = E64.requires_grad_()
+    En64 = En64.requires_grad_()
+    (entry_term(q64, gl64, None, E64, 0.5, False) * dc.double()).sum().backward()
+    (entry_term(q64, gl64, None, En64, 0.5, False)[..., 0] * dden.double()).sum().backward()
+    assert rel(dEn.double(), En64.grad[..., 0]) < 1e-6, seed
+    # the values' terms do round (the test would not tell the column's parts from one bfloat16 operand otherwise)
+    assert 1e-4 < rel(out.double(), o.double() + entry_term(q64, gl64, None, E.double(), 0.5, False)) < 2e-2
+    assert 1e-4 < rel(dE.double(), E64.grad) < 2e-2
+
+
+def test_entry_term_column_with_a_decay_per_feature_takes_the_pytorch_form(monkeypatch):
+    """A column beside E reads q as loaded: with a decay per feature the PyTorch form forms both terms."""
+    import ula.core.cp_entry as ce
+    fresh_seed()
+    B, L, H, K, V = 1, 70, 2, 16, 8
+    o, q, E = torch.randn(B, L, H, V), torch.randn(B, L, H, K), torch.randn(B, H, K, V)
+    den, En = torch.randn(B, L, H), torch.randn(B, H, K, 1)
+    gl = torch.nn.functional.logsigmoid(torch.randn(B, L, H, K) + 3)
+    monkeypatch.setattr(ce._EntryTermTriton, "apply", lambda *a: pytest.fail("the kernels were called"))
+    got, got_n = ce.add_entry_term(o, q, gl, None, E, 0.5, False, "triton", column=(den, En))
+    d = (q.double(), gl.double())
+    assert rel(got, o + ce.entry_term(*d, None, E.double(), 0.5, False)) < 1e-6
+    assert rel(got_n, den + ce.entry_term(*d, None, En.double(), 0.5, False)[..., 0]) < 1e-6
 
 
 def test_entry_term_wide_keys_take_the_pytorch_form(monkeypatch):

@@ -529,13 +529,15 @@ def cp_linear_attention(q, k, v, ld=None, rd=None, *, cp_group, scale=None, init
         qe = q if box is None else q.detach()
         if box is not None:  # with `ones`, [S | n]
             box.value = _entering_rows(Ein, h0_loc if varlen else None, len(pieces), me["entry"])
-        if ones:  # the den column: its own term, float32 both ways; the values' term below
+        gle = gl[:, a0:b0] if gl is not None else None
+        if ones:  # [S | n]: the den column's term from the same reads of q, float32 both ways
             Ein, E_n = Ein[..., :-1], Ein[..., -1:]
-            piece = add_entry_term(den[:, a0:b0].unsqueeze(-1), qe[:, a0:b0], gl[:, a0:b0] if gl is not None else None,
-                                   None, E_n, scale, False, backend, wide=True)[..., 0]
-            den = spliced(den, piece)
-        piece = add_entry_term(o[:, a0:b0], qe[:, a0:b0], gl[:, a0:b0] if gl is not None else None,
-                               rd[:, a0:b0] if rd is not None else None, Ein, scale, reverse, backend)
+            piece, dpiece = add_entry_term(o[:, a0:b0], qe[:, a0:b0], gle, None, Ein, scale, False, backend,
+                                           column=(den[:, a0:b0], E_n))
+            den = spliced(den, dpiece)
+        else:
+            piece = add_entry_term(o[:, a0:b0], qe[:, a0:b0], gle, rd[:, a0:b0] if rd is not None else None, Ein,
+                                   scale, reverse, backend)
         o = spliced(o, piece)
     if needs_grad:
         o = tie(o, G)

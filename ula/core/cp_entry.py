@@ -95,40 +95,62 @@ def entry_term(q, gl, rd, E, scale, reverse, wide=False):
 
 
 class _EntryTermTriton(torch.autograd.Function):
-    """o + corr through the kernels of ula/core/triton/entry.py (left decays, forward direction)."""
+    """o + corr through the kernels of ula/core/triton/entry.py (left decays, forward direction); with a column En
+    beside E (mLSTMexp's normalizer) also den + its term, float32 both ways, from the same reads of q."""
 
     @staticmethod
-    def forward(ctx, o, q, gl, E, scale, wide):
+    def forward(ctx, o, q, gl, E, den, En, scale):
         from .triton.entry import chunk_carry, entry_forward
-        from .triton.utils import DOT_F32
+        from .triton.utils import alloc
         carry = None if gl is None else chunk_carry(gl, q.shape[1])
         E = E.contiguous()
-        ctx.save_for_backward(q, gl, E, carry)
-        ctx.scale, ctx.dot = scale, (DOT_F32 if wide else None)
-        return entry_forward(q, gl, E, o, scale, carry, dot=ctx.dot)
+        col = None
+        ctx.en_dtype = None if En is None else En.dtype
+        if den is not None:
+            En = En[..., 0].float().contiguous()
+            col = (En, den, alloc(den.shape, den.device, den.dtype))
+        ctx.save_for_backward(q, gl, E, carry, En)
+        ctx.scale = scale
+        out = entry_forward(q, gl, E, o, scale, carry, column=col)
+        return out, (None if col is None else col[2])
 
     @staticmethod
     @once_differentiable  # kernels' gradients carry no graph: a second derivative raises
-    def backward(ctx, dout):
+    def backward(ctx, dout, dden):
         from .triton.entry import entry_backward
-        q, gl, E, carry = ctx.saved_tensors
+        q, gl, E, carry, En = ctx.saved_tensors
         if dout.stride(-1) != 1:
             dout = dout.contiguous()
         need = ctx.needs_input_grad
-        dq, dg, dE = entry_backward(q, gl, E, dout, ctx.scale, carry, need[1], need[2], need[3], ctx.dot)
+        col = None
+        if En is not None:
+            col = (En, torch.zeros(dout.shape[:-1], dtype=torch.float32, device=dout.device) if dden is None
+                   else dden)
+        dq, dg, dE, dEn = entry_backward(q, gl, E, dout, ctx.scale, carry, need[1], need[2], need[3] or need[5],
+                                         column=col)
         dg = None if dg is None else dg.sum_to_size(gl.shape).to(gl.dtype)
-        return dout, dq, dg, None if dE is None else dE.to(E.dtype), None, None
+        dE = None if dE is None or not need[3] else dE.to(E.dtype)
+        dEn = None if dEn is None or not need[5] else dEn.unsqueeze(-1).to(ctx.en_dtype)
+        return dout, dq, dg, dE, dden, dEn, None
 
 
 ENTRY_KERNEL_MAX_K = 256  # the kernels hold all of K in one tile (ula/core/triton/entry.py)
 
 
-def add_entry_term(o, q, gl, rd, E, scale, reverse, backend, wide=False):
+def add_entry_term(o, q, gl, rd, E, scale, reverse, backend, column=None):
     """o + corr (o [B, L, H, V], the slice's entry piece): the Triton kernels where the core runs them (left
-    decays, forward direction, K <= 256; float64 stays in PyTorch), the PyTorch form above otherwise. Inputs
-    given detached get no gradient (only E's is formed: context_parallel.py leaves the others to the core).
-    wide: float32 matmul operands both ways (E and the gradient unrounded; see `entry_term`)."""
+    decays, forward direction, K <= 256, with a column no decay per feature; float64 stays in PyTorch), the
+    PyTorch form above otherwise. Inputs given detached get no gradient (only E's is formed: context_parallel.py
+    leaves the others to the core). column: (den [B, L, H], En [B, H, K, 1]), a column beside E (mLSTMexp's
+    normalizer), formed from the same reads of q with float32's precision both ways (its gradient must not be
+    rounded; see `entry_term`'s wide): then (o + corr, den + its term)."""
     if (rd is None and not reverse and q.dtype != torch.float64 and q.shape[-1] <= ENTRY_KERNEL_MAX_K
-            and runs_triton(backend, q.device)):
-        return _EntryTermTriton.apply(o, q, gl, E, float(scale), bool(wide))
-    return o + entry_term(q, gl, rd, E, scale, reverse, wide).to(o.dtype)
+            and runs_triton(backend, q.device) and not (column is not None and gl is not None and gl.shape[-1] > 1)):
+        den, En = column if column is not None else (None, None)
+        out, den_out = _EntryTermTriton.apply(o, q, gl, E, den, En, float(scale))
+        return out if column is None else (out, den_out)
+    out = o + entry_term(q, gl, rd, E, scale, reverse).to(o.dtype)
+    if column is None:
+        return out
+    den, En = column
+    return out, den + entry_term(q, gl, rd, En, scale, reverse, wide=True)[..., 0].to(den.dtype)
