@@ -553,12 +553,13 @@ def test_entry_term_triton_kernels_with_column(decay, backward, monkeypatch):
     """A column beside E (mLSTMexp's normalizer, formed by the same kernels from the same reads of q, float32 both
     ways): o + corr and den + its term against the PyTorch form in float64, and the gradients of o, den, q, the left
     decay, E and the column (backward="state": the state's alone, as context parallelism asks); several chunks per
-    program, L ending inside a chunk, K and V not powers of two, V over two blocks in the dE kernel."""
+    program, L ending inside a chunk, K and V not powers of two, V over two blocks in the forward (the column in the
+    first block's programs alone) and three in dE."""
     import ula.core.triton.entry as entry
     from ula.core.cp_entry import add_entry_term, entry_term
     seed = fresh_seed()
     monkeypatch.setattr(entry, "_MIN_PROGRAMS", 1)
-    B, L, H, K, V = 2, 300, 2, 20, 80
+    B, L, H, K, V = 2, 300, 2, 20, 150
     g = lambda *s: torch.nn.functional.logsigmoid(torch.randn(*s) + 3)  # noqa: E731
     base = {"none": None, "constant": g(1, 1, H, 1).expand(1, L, H, 1), "scalar": g(B, L, H, 1)}[decay]
     xs = [torch.randn(B, L, H, V), torch.randn(B, L, H), torch.randn(B, L, H, K), base,
