@@ -21,6 +21,7 @@
 #                                                  # the GPU tests of the files this session touched, one GPU's
 #                                                  # mLSTM f+b at B1 T65536 (the segments' entry terms), both
 #                                                  # trees, and smoke
+#     bash benchmarks/gpu_pending_session47.sh 7   # one H200: the GPU suite on the session's final tree
 # Writes $OUT/pending47.log and each run's JSON.
 NAME=pending47
 source "$(dirname "$0")/gpu_pending_common.sh"
@@ -60,5 +61,6 @@ case "$PART" in
          --peers none --graph --rounds 2 --shape 1,65536,16,128,128 --budget-s 60 --out "$OUT/fam_${t##*:}_B1T65536"
    done
    TMO=120 run python3 benchmarks/gpu_smoke.py --parts ones,families,repeat ;;
+7) TMO=430 run ULA_TEST_GPU=1 python3 -m pytest -q -n 8 -p no:cacheprovider tests -rfE ;;
 esac
 tail -c 11000 "$LOG"
