@@ -102,6 +102,22 @@ def test_gradcheck_float64(kind, reverse):
     assert torch.autograd.gradcheck(f, tuple(args), eps=1e-6, atol=1e-6, rtol=1e-5)
 
 
+@pytest.mark.parametrize("kind", KINDS)
+def test_second_derivatives_float64(kind):
+    """The PyTorch path's backward is made of differentiable ops (ula/core/op.py): second derivatives against finite
+    differences, through a chunk and a partial one. Fails if an op's saved output is later modified in place
+    (the intra-chunk causal mask applied in place to the decay factors instead of to their product)."""
+    fresh_seed()
+    q, k, v, ld, _, s0 = make_inputs(kind, False, 1, 21, 1, 2, 2, dtype=torch.float64)
+
+    def f(q, k, v, s0, *ld):
+        return ula.linear_attention(q, k, v, *ld, initial_state=s0, output_final_state=True, chunk_size=16,
+                                    backend="torch")
+
+    args = [x.requires_grad_() for x in (q, k, v, s0) + ((ld,) if ld is not None else ())]
+    assert torch.autograd.gradgradcheck(f, tuple(args), eps=1e-6, atol=1e-6, rtol=1e-5)
+
+
 def test_extreme_decays_stay_finite():
     """Log decays from 0 down to -1e4 per step: no inf or NaN, and equal to the reference."""
     seed = fresh_seed()

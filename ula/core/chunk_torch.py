@@ -25,27 +25,27 @@ def _exp(x, like):
     return x.exp().to(like.dtype)
 
 
-def _masked_exp(x, mask, dtype):
-    """exp(x) in `dtype` where mask, else 0; x (a fresh tensor: overwritten) is masked before exp so positive
-    exponents never form. The float64 differences x are rounded to dtype before the exp, not after: the exponent
-    then errs by |x| 2^-24 in float32 (about 1e-6 relative in the factor where it is not negligible, |x| <= 16),
-    against the float64 b whose large values the subtraction cancels (exact in float64). A float64 exp over
-    [.., C, C] took 3/4 of this function on a CPU (B32 H2 C64: 4.6 ms against 1.3; benchmarks/RESULTS.md, session
-    45)."""
-    return x.masked_fill_(~mask, float("-inf")).to(dtype).exp_()
+def _decay_factors(x, dtype):
+    """exp(x) in `dtype` for the differences x = b_i - b_j of a log decay's cumulative sums (a fresh tensor:
+    overwritten), each clamped to <= 0 first: on and below the diagonal they are <= 0 already (b never rises);
+    above it, where they are positive, the clamp keeps exp from overflowing, and the caller's tril_ writes zeros
+    there. The float64 differences are rounded to dtype before the exp, not after: the exponent then errs by |x|
+    2^-24 in float32 (about 1e-6 relative in the factor where it is not negligible, |x| <= 16), against the float64 b
+    whose large values the subtraction cancels (exact in float64). A float64 exp over [.., C, C] took 3/4 of this
+    function on a CPU (B32 H2 C64: 4.6 ms against 1.3; benchmarks/RESULTS.md, session 45)."""
+    return x.to(dtype).clamp_max_(0).exp_()
 
 
 def _intra_scalar(q, k, v, b):
     """Intra-chunk output when the decay is the same for every feature (or absent).
-    q, k [.., C, K], v [.., C, V], b [.., C, 1] or None."""
+    q, k [.., C, K], v [.., C, V], b [.., C, 1] or None. The causal mask is tril_ on the scores (after the decay
+    factors), not masked_fill with a broadcast [C, C] mask, which was most of this function's time on a CPU at the
+    demo's shape (B32 H2 C64: 3x slower than tril_; benchmarks/RESULTS.md, session 47). In place on the product, whose
+    backward needs only its factors: the PyTorch path stays twice differentiable."""
     A = q @ k.transpose(-1, -2)
-    C = q.shape[-2]
-    causal = torch.ones(C, C, dtype=torch.bool, device=q.device).tril()
-    if b is None:
-        A = A.masked_fill(~causal, 0)
-    else:
-        A = A * _masked_exp(b - b.transpose(-1, -2), causal, A.dtype)
-    return A @ v
+    if b is not None:
+        A = A * _decay_factors(b - b.transpose(-1, -2), A.dtype)
+    return A.tril_() @ v
 
 
 def _intra_vector(q, k, v, b, c):
