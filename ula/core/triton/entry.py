@@ -26,6 +26,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ..time_scan import scan_time
 from .utils import DOT_BF16, DOT_F16, DOT_F32, alloc, block, cdiv, dot_code, launch, mm, operand, round_bf16
 
 BT = 64  # steps per chunk
@@ -294,12 +295,6 @@ def _state_operand(E, dot):
     return E.to(torch.bfloat16) if dot == DOT_BF16 else E
 
 
-def _cumsum_chunks(t):
-    """Cumulative sum along dim 1 of [Bg, n, H, KG], run along the last (contiguous) dim: PyTorch's scan along an
-    outer dim runs one thread per column, ~0.35 ms for n = 2048 and 16 columns on an H200 (session 8 profile)."""
-    return t.movedim(1, -1).contiguous().cumsum(-1).movedim(-1, 1).contiguous()
-
-
 def chunk_carry(g, L, with_total=False):
     """The exclusive cumulative sum over chunks of BT steps of g's chunk totals, float32 [Bg, n_chunks, H, KG]; with
     `with_total` also the sum over all L steps, [Bg, H, KG]."""
@@ -310,20 +305,25 @@ def chunk_carry(g, L, with_total=False):
         tot[:, :full] = g[:, :full * BT].reshape(Bg, full, BT, H, KG).sum(2, dtype=torch.float32)
     if full < nC:
         tot[:, full] = g[:, full * BT:].sum(1, dtype=torch.float32)
-    inclusive = _cumsum_chunks(tot)
+    # along the chunks as the last dim (time_scan: PyTorch's scan along an outer dim runs one thread per column,
+    # ~0.35 ms for n = 2048 and 16 columns on an H200, session 8's profile); contiguous for the kernels and the total
+    inclusive = scan_time(tot, lambda y: y.cumsum(-1)).contiguous()
     # exclusive as the inclusive sum shifted by one chunk, not inclusive - tot: huge finite log decays (-3e38) sum
     # to -inf, and -inf - (-inf) is NaN
     exclusive = torch.cat([torch.zeros_like(inclusive[:, :1]), inclusive[:, :-1]], 1)
     return (exclusive, inclusive[:, -1]) if with_total else exclusive
 
 
-def _column_args(column, q, L, H):
-    """(En, n tensors, their strides) of a column beside E, or dummies (q) without one."""
+def _column_args(column, q, vec, n_rows):
+    """(En, then the column's n_rows tensors [B, L, H], and those tensors' strides) of a column beside E, or dummies
+    (q, zero strides) without one."""
     if column is None:
-        return (q, q, q), (0,) * 6
-    En, n_in, n_out = column
-    assert En.is_contiguous() and En.dtype == torch.float32 and tuple(n_in.shape[1:]) == (L, H)
-    return (En, n_in, n_out), (*n_in.stride(), *n_out.stride())
+        return (q,) * (1 + n_rows), (0,) * (3 * n_rows)
+    assert not vec, "a column beside E takes q as loaded: no decay per feature (cp_entry routes it)"
+    En, *rows = column
+    assert En.is_contiguous() and En.dtype == torch.float32 and len(rows) == n_rows
+    assert all(tuple(r.shape[1:]) == tuple(q.shape[1:3]) for r in rows)
+    return tuple(column), tuple(st for r in rows for st in r.stride())
 
 
 def entry_forward(q, g, E, o, scale, carry, out=None, dot=None, column=None):
@@ -342,8 +342,7 @@ def entry_forward(q, g, E, o, scale, carry, out=None, dot=None, column=None):
     nC = cdiv(L, BT)
     dot = _dot(q, o) if dot is None else dot
     span, n_spans, warps = _spans(nC, cdiv(V, BV) * B * H, 0, vec)
-    (En, n_in, n_out), sn = _column_args(column, q, L, H)
-    assert column is None or not vec, "a column beside E takes q as loaded: no decay per feature (cp_entry routes it)"
+    (En, n_in, n_out), sn = _column_args(column, q, vec, 2)
     launch(_entry_fwd_kernel, (n_spans, cdiv(V, BV), B * H), q, g_, carry if has_g else q, _state_operand(E, dot),
            o, out, En, n_in, n_out, L, H, K, V, nC, span, q.stride(0), q.stride(1), q.stride(2), o.stride(0),
            o.stride(1), o.stride(2), out.stride(0), out.stride(1), out.stride(2), *sn, *sg, KG, gbm, scale, BT=BT,
@@ -370,9 +369,7 @@ def entry_backward_e(q, g, E, dc, scale, carry, need_e, need_g, dot=None, column
     part = alloc((n_spans, B, H, K, V), q.device)
     part_n = alloc((n_spans, B, H, K), q.device) if column is not None else q
     tot = alloc((nV, B, nC, H, K) if vec else (nK * nV, B, nC, H, 1), q.device) if need_g else q
-    En, dn = column if column is not None else (q, q)
-    sn = dn.stride() if column is not None else (0, 0, 0)
-    assert column is None or not vec, "a column beside E takes q as loaded: no decay per feature (cp_entry routes it)"
+    (En, dn), sn = _column_args(column, q, vec, 1)
     launch(_entry_de_kernel, (n_spans, nK * nV, B * H), q, g_, carry if has_g else q, E, dc, En, dn, part, part_n,
            tot, L, H, K, V, nC, span, q.stride(0), q.stride(1), q.stride(2), dc.stride(0), dc.stride(1),
            dc.stride(2), *sn, *sg, KG, gbm, scale, BT=BT, BK=BK, BV=BV, VEC_G=vec, ROWS=has_g and not vec,
@@ -382,7 +379,9 @@ def entry_backward_e(q, g, E, dc, scale, carry, need_e, need_g, dot=None, column
     db_carry = None
     if need_g:
         tot = tot.sum(0)
-        later = _cumsum_chunks(tot.flip(1)).flip(1)  # Σ from each chunk on, then shifted: Σ over the later chunks
+        # Σ from each chunk on, then shifted: Σ over the later chunks (contiguous: torch.cat keeps its inputs' strides,
+        # and the kernel reads the carries as a contiguous [B, nC, H, KG])
+        later = scan_time(tot.flip(1), lambda y: y.cumsum(-1)).contiguous().flip(1)
         db_carry = torch.cat([later[:, 1:], torch.zeros_like(later[:, :1])], 1)
     return dE, db_carry, dEn
 
@@ -399,8 +398,7 @@ def entry_backward_q(q, g, E, dc, scale, carry, db_carry, dot=None, column=None)
     nC = cdiv(L, BT)
     dot = _dot(q, dc) if dot is None else dot
     span, n_spans, warps = _spans(nC, B * H, 1, vec)
-    En, dn = column if column is not None else (q, q)
-    sn = dn.stride() if column is not None else (0, 0, 0)
+    (En, dn), sn = _column_args(column, q, vec, 1)
     launch(_entry_dq_kernel, (n_spans, B * H), q, g_, carry if has_g else q, _state_operand(E, dot), dc, En, dn, dq,
            db_carry if need_g else q, dg if need_g else q, L, H, K, V, nC, span, q.stride(0), q.stride(1),
            q.stride(2), dc.stride(0), dc.stride(1), dc.stride(2), *sn, *sg, KG, gbm, scale, BT=BT,
